@@ -1,0 +1,60 @@
+"""The ``attnft`` command line: one subcommand per module in :mod:`attnft.commands`.
+
+Each command module exposes ``add_parser(subparsers)`` and ``run(args) -> int``. User
+errors (:class:`attnft.errors.AttnftError`) become one line on stderr and exit code 2.
+"""
+import argparse
+import importlib
+import sys
+
+from .errors import AttnftError
+
+# command name -> module under attnft.commands; each module registers its own flags
+COMMANDS = {
+    "policies": "policies",
+    "finetune": "finetune",
+    "eval": "evaluate",
+    "adapters": "adapters",
+}
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; we want one line and exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="attnft", description="Attention-only fine-tuning of Vision Transformers.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"attnft {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
+    subparsers.required = True
+    for module_name in COMMANDS.values():
+        try:
+            module = importlib.import_module(f"attnft.commands.{module_name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"attnft.commands.{module_name}":
+                raise
+            continue  # command not built yet
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except AttnftError as e:
+        print(f"attnft: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnft: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

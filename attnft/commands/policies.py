@@ -1,0 +1,26 @@
+"""``attnft policies MODEL [--policy P] [--json]``: which weights a policy trains."""
+import argparse
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "policies",
+        help="show the role map of a model and what a freezing policy trains",
+        description="Print every role of MODEL with its parameter count and the share a policy trains.",
+    )
+    parser.add_argument("model", help="timm model name, hf-hub:ORG/REPO or local-dir:PATH")
+    parser.add_argument("--policy", default="attn", help="attn (default), ffn, full, head, edited as in 'attn+norm-pos_embed@8-11'")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..models import create_model
+    from ..policy import apply_policy, resolve_policy
+
+    policy = resolve_policy(args.policy)  # fail on a bad policy before building a model
+    # the role map needs shapes, not weights: never download for a report
+    model = create_model(args.model, pretrained=False)
+    report = apply_policy(model, policy)
+    print(report.to_json() if args.json else report.format_table())
+    return 0
