@@ -1,0 +1,50 @@
+"""Downstream data: presets, loading any source as train/eval splits, timm transforms and mixup.
+
+Typical use::
+
+    task = load_task("flowers102", data_dir="~/data/flowers")
+    train = with_transform(task.train, build_transforms(data_config, train=True, aug=aug))
+    loader = DataLoader(train, batch_size, shuffle=True, collate_fn=collate_skipping_failures)
+    mixup = make_mixup(aug, task.num_classes)
+"""
+from .images import (
+    ImageClassificationDataset,
+    ImageClassificationIterable,
+    collate_skipping_failures,
+    decode_image,
+    to_rgb,
+)
+from .loading import TaskData, check_batch_size, load_task
+from .presets import PRESETS, DatasetPreset, get_preset
+from .transforms import (
+    DEIT_AUG,
+    AugConfig,
+    Mixup,
+    TransformedDataset,
+    TransformedIterable,
+    build_transforms,
+    make_mixup,
+    with_transform,
+)
+
+__all__ = [
+    "AugConfig",
+    "DEIT_AUG",
+    "DatasetPreset",
+    "ImageClassificationDataset",
+    "ImageClassificationIterable",
+    "Mixup",
+    "PRESETS",
+    "TaskData",
+    "TransformedDataset",
+    "TransformedIterable",
+    "build_transforms",
+    "check_batch_size",
+    "collate_skipping_failures",
+    "decode_image",
+    "get_preset",
+    "load_task",
+    "make_mixup",
+    "to_rgb",
+    "with_transform",
+]

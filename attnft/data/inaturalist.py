@@ -1,0 +1,125 @@
+"""iNaturalist from a local copy in the official layouts, as Hugging Face datasets.
+
+2017-2019 (and 2021's own json files): ``<root>/<split>.json`` in the COCO style,
+``images`` (id, file_name relative to root), ``annotations`` (image_id, category_id)
+and ``categories`` (id, name); the images sit where ``file_name`` says
+(``train_val2018/Plantae/7477/<hash>.jpg``).
+
+2021: ``<root>/<split>/<NNNNN_Kingdom_Phylum_Class_Order_Family_Genus_species>/*.jpg``
+for the splits ``train`` (2.7M images), ``train_mini`` and ``val``; the class index is
+the folder's rank, which is also its 5-digit prefix.
+
+Both give rows ``{"image": {"path", "bytes"}, "label": int}`` with the image column
+undecoded (decoding happens in :mod:`attnft.data.images`). Nothing is read from the
+images here, so a missing or corrupt file is reported when it is first used.
+"""
+import json
+import os
+
+from datasets import ClassLabel, Dataset, Features, Image, IterableDataset
+from datasets.packaged_modules.imagefolder.imagefolder import IMAGE_EXTENSIONS
+
+from ..errors import DataError
+
+_EXTENSIONS = frozenset(IMAGE_EXTENSIONS)
+
+
+def _features(label_names: list[str]) -> Features:
+    return Features({"image": Image(decode=False), "label": ClassLabel(names=label_names)})
+
+
+def _json_splits(root: str) -> list[str]:
+    return sorted(name[: -len(".json")] for name in os.listdir(root) if name.endswith(".json"))
+
+
+def _folders(root: str) -> list[str]:
+    return sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+
+
+# ---- json layout (2017-2019) ------------------------------------------------------------------
+
+def _read_json(root: str, split: str) -> dict:
+    path = os.path.join(root, f"{split}.json")
+    if not os.path.isfile(path):
+        raise DataError(f"iNaturalist split {split!r} not found: no {path}; json splits here: {_json_splits(root)}")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as error:
+        raise DataError(f"cannot read iNaturalist annotations {path}: {error}") from None
+    missing = [key for key in ("images", "annotations", "categories") if key not in meta]
+    if missing:
+        raise DataError(f"{path} is not an iNaturalist annotation file: no {', '.join(missing)} "
+                        f"(keys: {', '.join(meta)})")
+    return meta
+
+
+def inat_json_categories(root: str, split: str) -> tuple[list[int], list[str]]:
+    """Category ids sorted, and their names, from ``<root>/<split>.json``; label ``i`` is ``ids[i]``."""
+    categories = sorted(_read_json(root, split)["categories"], key=lambda category: category["id"])
+    return [c["id"] for c in categories], [str(c.get("name") or c["id"]) for c in categories]
+
+
+def inat_json_split(root: str, split: str, category_ids: list[int], label_names: list[str]) -> Dataset:
+    """The annotated images of ``<root>/<split>.json``, labelled by position in ``category_ids``."""
+    meta = _read_json(root, split)
+    file_of = {image["id"]: image["file_name"] for image in meta["images"]}
+    label_of = {category_id: label for label, category_id in enumerate(category_ids)}
+    paths, labels = [], []
+    for annotation in meta["annotations"]:
+        category = annotation["category_id"]
+        if category not in label_of:
+            raise DataError(f"{split}.json labels an image with category {category}, "
+                            f"which the training split's categories do not have")
+        paths.append(os.path.join(root, file_of[annotation["image_id"]]))
+        labels.append(label_of[category])
+    if not paths:
+        raise DataError(f"{os.path.join(root, split + '.json')} has no annotated images")
+    return Dataset.from_dict({"image": [{"path": p, "bytes": None} for p in paths], "label": labels},
+                             features=_features(label_names))
+
+
+# ---- folder layout (2021) ---------------------------------------------------------------------
+
+def inat_folder_classes(root: str, split: str) -> list[str]:
+    """The class folders of ``<root>/<split>``, sorted (their 5-digit prefixes make this the id order)."""
+    directory = os.path.join(root, split)
+    if not os.path.isdir(directory):
+        raise DataError(f"iNaturalist split {split!r} not found: no folder {directory}; "
+                        f"folders here: {_folders(root)}")
+    classes = _folders(directory)
+    if not classes:
+        raise DataError(f"{directory} has no class folders (expected NNNNN_Kingdom_..._species/ folders of images)")
+    return classes
+
+
+def inat_folder_label_names(classes: list[str]) -> list[str]:
+    """``00000_Animalia_..._Lumbricus_terrestris`` -> ``Animalia_..._Lumbricus_terrestris``."""
+    return [name.split("_", 1)[1] if name[:5].isdigit() and "_" in name else name for name in classes]
+
+
+def _images_of_folders(folders: list[tuple[int, str]]):
+    """Rows for every image file of each (label, folder); one folder is one shard when streaming."""
+    for label, folder in folders:
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            if entry.is_file() and os.path.splitext(entry.name)[1].lower() in _EXTENSIONS:
+                yield {"image": {"path": entry.path, "bytes": None}, "label": label}
+
+
+def inat_folder_split(root: str, split: str, classes: list[str], streaming: bool) -> Dataset | IterableDataset:
+    """The images of ``<root>/<split>``, labelled by position in ``classes`` (the training split's folders)."""
+    found = inat_folder_classes(root, split)
+    label_of = {name: label for label, name in enumerate(classes)}
+    unknown = [name for name in found if name not in label_of]
+    if unknown:
+        raise DataError(f"{os.path.join(root, split)} has class folders the training split lacks: {unknown[:5]}")
+    folders = [(label_of[name], os.path.join(root, split, name)) for name in found]
+    features = _features(inat_folder_label_names(classes))
+    if streaming:
+        # a list in gen_kwargs is what `datasets` shards across DataLoader workers and shuffles
+        return IterableDataset.from_generator(_images_of_folders, features=features, gen_kwargs={"folders": folders})
+    rows = list(_images_of_folders(folders))
+    if not rows:
+        raise DataError(f"no images under {os.path.join(root, split)}")
+    return Dataset.from_dict({"image": [r["image"] for r in rows], "label": [r["label"] for r in rows]},
+                             features=features)

@@ -1,0 +1,134 @@
+"""Train and eval transforms, and mixup / cutmix, through timm.
+
+``data_config`` is timm's dict (``input_size``, ``interpolation``, ``mean``, ``std``,
+``crop_pct``, optionally ``crop_mode``) already at the target resolution: timm's
+config does not follow a ``--res`` change by itself, the caller sets ``input_size``.
+"""
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from timm.data import Mixup as TimmMixup
+from timm.data import create_transform
+from timm.data.mixup import mixup_target
+from torch.utils.data import Dataset, IterableDataset
+
+from .images import ImageClassificationDataset, ImageClassificationIterable
+
+
+@dataclass
+class AugConfig:
+    """Training augmentation. The defaults are light (flip and random-resized crop, label
+    smoothing) so that a small task or a tiny smoke run is not drowned in noise;
+    :data:`DEIT_AUG` is the DeiT fine-tuning recipe."""
+
+    auto_augment: str | None = None  # timm string, e.g. "rand-m9-mstd0.5-inc1" (RandAugment)
+    reprob: float = 0.0  # random erasing probability
+    remode: str = "pixel"  # random erasing fill: "const", "rand" or "pixel"
+    recount: int = 1
+    color_jitter: float = 0.0  # brightness/contrast/saturation factor; timm ignores it under RandAugment
+    hflip: float = 0.5
+    vflip: float = 0.0
+    scale: tuple[float, float] = (0.08, 1.0)  # random-resized-crop area range
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    train_interpolation: str | None = None  # None: the data config's; "random" mixes bilinear and bicubic
+    mixup: float = 0.0  # mixup alpha; 0 turns it off
+    cutmix: float = 0.0  # cutmix alpha; 0 turns it off
+    mixup_prob: float = 1.0  # probability of mixing a batch at all
+    mixup_switch_prob: float = 0.5  # probability of cutmix instead of mixup when both are on
+    mixup_mode: str = "batch"  # "batch", "pair" or "elem"
+    smoothing: float = 0.1  # label smoothing (folded into the mixed targets when mixing)
+
+
+# DeiT / DeiT III fine-tuning augmentation (see ../shared/PAPER.md); DeiT III drops random erasing
+DEIT_AUG = AugConfig(auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25, color_jitter=0.3,
+                     train_interpolation="bicubic", mixup=0.8, cutmix=1.0, smoothing=0.1)
+
+
+def build_transforms(data_config: dict, *, train: bool, aug: AugConfig | None = None) -> Callable:
+    """PIL RGB image -> float tensor [3, H, W] normalised, with (H, W) = ``data_config["input_size"][1:]``."""
+    interpolation = data_config.get("interpolation", "bicubic")
+    common = dict(input_size=data_config["input_size"], mean=data_config["mean"], std=data_config["std"])
+    if not train:
+        return create_transform(**common, is_training=False, interpolation=interpolation,
+                                crop_pct=data_config.get("crop_pct"), crop_mode=data_config.get("crop_mode"))
+    aug = aug or AugConfig()
+    return create_transform(
+        **common,
+        is_training=True,
+        scale=aug.scale,
+        ratio=aug.ratio,
+        hflip=aug.hflip,
+        vflip=aug.vflip,
+        color_jitter=aug.color_jitter or None,
+        auto_augment=aug.auto_augment,
+        interpolation=aug.train_interpolation or interpolation,
+        re_prob=aug.reprob,
+        re_mode=aug.remode,
+        re_count=aug.recount,
+    )
+
+
+class TransformedDataset(Dataset):
+    """A map-style split with ``transform`` applied to its images: ``(tensor, int)``, ``None`` kept for unreadable."""
+
+    def __init__(self, split: ImageClassificationDataset, transform: Callable):
+        self.split = split
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int):
+        sample = self.split[index]
+        if sample is None:
+            return None
+        image, label = sample
+        return self.transform(image), label
+
+
+class TransformedIterable(IterableDataset):
+    """A streamed split with ``transform`` applied to its images."""
+
+    def __init__(self, split: ImageClassificationIterable, transform: Callable):
+        self.split = split
+        self.transform = transform
+
+    def set_epoch(self, epoch: int) -> None:
+        self.split.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+        for image, label in self.split:
+            yield self.transform(image), label
+
+
+def with_transform(split, transform: Callable) -> TransformedDataset | TransformedIterable:
+    """``split`` (a :class:`~attnft.data.loading.TaskData` split) with ``transform`` applied to its images."""
+    if isinstance(split, IterableDataset):
+        return TransformedIterable(split, transform)
+    return TransformedDataset(split, transform)
+
+
+class Mixup(TimmMixup):
+    """timm's Mixup that also takes odd batches (a skipped unreadable image or a short last
+    batch): the last sample is left unmixed, with a smoothed one-hot target."""
+
+    def __call__(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(x) % 2 == 0:
+            return super().__call__(x, target)
+        if len(x) == 1:
+            return x, mixup_target(target, self.num_classes, 1.0, self.label_smoothing)
+        # timm mixes in place, so mixing the view x[:-1] mixes x
+        _, mixed = super().__call__(x[:-1], target[:-1])
+        last = mixup_target(target[-1:], self.num_classes, 1.0, self.label_smoothing)
+        return x, torch.cat([mixed, last])
+
+
+def make_mixup(aug: AugConfig, num_classes: int) -> Mixup | None:
+    """A mixup/cutmix function ``(images [B,3,H,W], labels [B]) -> (images, soft targets [B, num_classes])``,
+    or None when ``aug`` turns both off (then train with plain labels and ``aug.smoothing``)."""
+    if aug.mixup <= 0 and aug.cutmix <= 0:
+        return None
+    return Mixup(mixup_alpha=aug.mixup, cutmix_alpha=aug.cutmix, prob=aug.mixup_prob,
+                 switch_prob=aug.mixup_switch_prob, mode=aug.mixup_mode,
+                 label_smoothing=aug.smoothing, num_classes=num_classes)

@@ -1,0 +1,390 @@
+"""attnft.data: loading every kind of source offline, RGB decoding, skipping bad images, errors, transforms."""
+import json
+import logging
+import os
+import time
+
+import datasets
+import huggingface_hub
+import pytest
+import torch
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Image as ImageFeature, Value
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from attnft.data import (
+    PRESETS,
+    AugConfig,
+    build_transforms,
+    check_batch_size,
+    collate_skipping_failures,
+    get_preset,
+    load_task,
+    make_mixup,
+    to_rgb,
+    with_transform,
+)
+from attnft.data import fashion_mnist
+from attnft.errors import DataError
+
+COLORS = {"cat": (200, 30, 30), "dog": (30, 30, 200), "owl": (30, 200, 30)}
+
+
+@pytest.fixture(autouse=True)
+def isolated_offline_datasets(tmp_path, monkeypatch):
+    """Arrow caches go to tmp_path, and nothing may reach the hub."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def write_image_folder(root, splits=("train", "val"), classes=("cat", "dog"), per_class=3, size=12):
+    """root/<split>/<class>/<i>.png, each image filled with its class colour."""
+    for split in splits:
+        for name in classes:
+            os.makedirs(root / split / name, exist_ok=True)
+            for i in range(per_class):
+                Image.new("RGB", (size, size + i), COLORS[name]).save(root / split / name / f"{i}.png")
+    return root
+
+
+def image_dataset(count, label_names, extra=None):
+    """An in-memory datasets.Dataset with an Image column and a ClassLabel column."""
+    columns = {"image": [Image.new("RGB", (10, 10), (i * 20 % 255, 0, 0)) for i in range(count)],
+               "label": [i % len(label_names) for i in range(count)]}
+    features = {"image": ImageFeature(), "label": ClassLabel(names=label_names)}
+    for name, (values, feature) in (extra or {}).items():
+        columns[name], features[name] = values, feature
+    return Dataset.from_dict(columns, features=Features(features))
+
+
+def all_samples(split):
+    return [split[i] for i in range(len(split))]
+
+
+# ---- sources ------------------------------------------------------------------------------------
+
+def test_image_folder_with_train_and_val_gives_rgb_images_and_folder_class_names(tmp_path):
+    root = write_image_folder(tmp_path / "pets", classes=("cat", "dog", "owl"))
+    task = load_task(str(root))
+    assert task.label_names == ["cat", "dog", "owl"] and task.num_classes == 3
+    assert (len(task.train), len(task.eval)) == (9, 9)
+    assert task.name == "pets" and str(root) in task.source
+    for image, label in all_samples(task.train):
+        assert image.mode == "RGB"
+        assert image.getpixel((0, 0)) == COLORS[task.label_names[label]]
+
+
+def test_image_folder_with_test_instead_of_val_uses_test_for_eval(tmp_path):
+    root = write_image_folder(tmp_path / "f", splits=("train", "test"), per_class=2)
+    task = load_task(data_dir=str(root))
+    assert (len(task.train), len(task.eval)) == (4, 4)
+
+
+def test_saved_datasetdict_directory_is_read_with_load_from_disk(tmp_path):
+    saved = DatasetDict(train=image_dataset(6, ["a", "b"]), validation=image_dataset(4, ["a", "b"]))
+    saved.save_to_disk(tmp_path / "saved")
+    task = load_task(str(tmp_path / "saved"))
+    assert (len(task.train), len(task.eval), task.label_names) == (6, 4, ["a", "b"])
+    image, label = task.eval[1]
+    assert image.mode == "RGB" and image.size == (10, 10) and label == 1
+
+
+def test_local_copy_of_a_hub_repo_loads_with_a_presets_splits_and_keys(tmp_path):
+    # flowers102 trains on train+validation; the repo's other splits are not read
+    repo = tmp_path / "flowers"
+    os.makedirs(repo / "data")
+    for split, count in (("train", 4), ("validation", 3), ("test", 5)):
+        image_dataset(count, ["rose", "tulip"]).to_parquet(repo / "data" / f"{split}-00000-of-00001.parquet")
+    (repo / "data" / "contrast-00000-of-00001.parquet").write_bytes(b"not parquet: fails if read")
+    task = load_task("flowers102", data_dir=str(repo))
+    assert (len(task.train), len(task.eval)) == (7, 5)
+    assert task.name == "flowers102" and task.label_names == ["rose", "tulip"]
+
+
+def test_image_and_label_columns_are_found_by_their_feature_types(tmp_path):
+    data = image_dataset(4, ["x", "y"]).rename_columns({"image": "picture", "label": "category"})
+    DatasetDict(train=data, test=data).save_to_disk(tmp_path / "d")
+    task = load_task(str(tmp_path / "d"))
+    assert task.label_names == ["x", "y"] and task.train[0][0].mode == "RGB"
+
+
+def test_integer_and_string_labels_get_class_names(tmp_path):
+    ints = image_dataset(4, ["a", "b"]).cast_column("label", Value("int64"))
+    DatasetDict(train=ints, test=ints).save_to_disk(tmp_path / "ints")
+    assert load_task(str(tmp_path / "ints")).label_names == ["0", "1"]
+    strings = image_dataset(4, ["a", "b"]).remove_columns("label").add_column("label", ["b", "a", "c", "a"])
+    DatasetDict(train=strings, test=strings).save_to_disk(tmp_path / "strings")
+    task = load_task(str(tmp_path / "strings"))
+    assert task.label_names == ["a", "b", "c"] and task.train[2][1] == 2
+
+
+def test_max_train_and_max_eval_keep_a_seeded_subset(tmp_path):
+    root = write_image_folder(tmp_path / "f", per_class=5)
+    first = load_task(str(root), max_train=4, max_eval=3)
+    again = load_task(str(root), max_train=4, max_eval=3)
+    assert (len(first.train), len(first.eval)) == (4, 3)
+    assert [label for _, label in all_samples(first.train)] == [label for _, label in all_samples(again.train)]
+
+
+def test_streaming_an_image_folder_yields_every_image(tmp_path):
+    root = write_image_folder(tmp_path / "f", per_class=4)
+    task = load_task(str(root), streaming=True)
+    assert task.streaming
+    labels = sorted(label for _, label in task.train)
+    assert labels == [0] * 4 + [1] * 4
+
+
+def test_fashion_mnist_is_the_default_dataset():
+    if not any(os.path.isfile(os.path.join(d, "train-images-idx3-ubyte.gz"))
+               for d in (fashion_mnist.DEBIAN_DIR, fashion_mnist.BUNDLED_DIR)):
+        pytest.skip("neither the Debian Fashion-MNIST files nor the bundled sample are present")
+    task = load_task(max_train=16, max_eval=8)
+    assert task.name == "fashion-mnist" and task.num_classes == 10
+    assert task.label_names == list(fashion_mnist.LABEL_NAMES)
+    assert (len(task.train), len(task.eval)) == (16, 8)
+    image, label = task.train[0]
+    assert image.mode == "RGB" and image.size == (28, 28) and 0 <= label < 10
+
+
+# ---- presets ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, hub_id, image_key, label_key, train_split, eval_split, num_classes", [
+    ("cars", "tanganke/stanford_cars", "image", "label", "train", "test", 196),
+    ("flowers102", "Donghyun99/Oxford-Flower-102", "image", "label", "train+validation", "test", 102),
+    ("cifar10", "uoft-cs/cifar10", "img", "label", "train", "test", 10),
+    ("cifar100", "uoft-cs/cifar100", "img", "fine_label", "train", "test", 100),
+    ("pets", "timm/oxford-iiit-pet", "image", "label", "train", "test", 37),
+    ("food101", "ethz/food101", "image", "label", "train", "validation", 101),
+])
+def test_hub_presets_name_their_repo_columns_and_splits(name, hub_id, image_key, label_key, train_split,
+                                                        eval_split, num_classes):
+    preset = get_preset(name)
+    assert (preset.hub_id, preset.image_key, preset.label_key) == (hub_id, image_key, label_key)
+    assert (preset.train_split, preset.eval_split, preset.num_classes) == (train_split, eval_split, num_classes)
+
+
+def test_presets_cover_the_papers_transfer_datasets():
+    assert {"cars", "flowers102", "inat2018", "inat2019", "inat2021", "cifar10", "cifar100", "pets",
+            "food101", "fashion-mnist"} <= set(PRESETS)
+    assert get_preset("inat2021").streaming and not get_preset("inat2018").streaming
+
+
+def test_inat_json_layout_maps_category_ids_to_labels_in_id_order(tmp_path):
+    root = tmp_path / "inat"
+    categories = [{"id": 12, "name": "Quercus robur", "supercategory": "Plantae"},
+                  {"id": 3, "name": "Bufo bufo", "supercategory": "Amphibia"}]
+    split_images = {"train2018": [(3, "a"), (3, "b"), (12, "c")], "val2018": [(12, "d"), (3, "e")]}
+    image_id = 0
+    for split, items in split_images.items():
+        images, annotations = [], []
+        for category, stem in items:
+            file_name = f"train_val2018/{'Plantae' if category == 12 else 'Amphibia'}/{category}/{stem}.jpg"
+            os.makedirs(root / os.path.dirname(file_name), exist_ok=True)
+            Image.new("RGB", (9, 9), (category * 10, 0, 0)).save(root / file_name)
+            images.append({"id": image_id, "file_name": file_name, "width": 9, "height": 9})
+            annotations.append({"id": image_id, "image_id": image_id, "category_id": category})
+            image_id += 1
+        (root / f"{split}.json").write_text(json.dumps(
+            {"images": images, "annotations": annotations, "categories": categories}))
+    task = load_task("inat2018", data_dir=str(root))
+    assert task.label_names == ["Bufo bufo", "Quercus robur"]  # sorted by category id
+    assert (len(task.train), len(task.eval)) == (3, 2)
+    for image, label in all_samples(task.train) + all_samples(task.eval):
+        assert image.getpixel((0, 0))[0] == (3, 12)[label] * 10
+
+
+def test_inat2021_folder_layout_streams_by_default_with_prefix_ordered_classes(tmp_path):
+    root = tmp_path / "inat21"
+    classes = ["00000_Animalia_Annelida_Clitellata_Haplotaxida_Lumbricidae_Lumbricus_terrestris",
+               "00001_Plantae_Tracheophyta_Magnoliopsida_Fagales_Fagaceae_Quercus_robur"]
+    for split, count in (("train", 3), ("val", 1), ("train_mini", 1)):
+        for label, name in enumerate(classes):
+            os.makedirs(root / split / name)
+            for i in range(count):
+                Image.new("L", (8, 8), 100 * label).save(root / split / name / f"{i}.jpg")
+    task = load_task("inat2021", data_dir=str(root))
+    assert task.streaming and task.label_names[1].endswith("Quercus_robur")
+    assert sorted(label for _, label in task.train) == [0, 0, 0, 1, 1, 1]  # train_mini is not mixed in
+    assert sorted(label for _, label in task.eval) == [0, 1]
+    mapped = load_task("inat2021", data_dir=str(root), streaming=False, train_split="train_mini")
+    assert len(mapped.train) == 2
+
+
+# ---- image modes and unreadable images ----------------------------------------------------------
+
+def test_grayscale_palette_and_cmyk_images_become_rgb(tmp_path):
+    # each file has its own width, which tells them apart after loading
+    root = tmp_path / "modes"
+    os.makedirs(root / "train" / "gray")
+    os.makedirs(root / "train" / "color")
+    Image.new("L", (6, 4), 77).save(root / "train" / "gray" / "l.png")
+    Image.new("I;16", (7, 4), 0xFF00).save(root / "train" / "gray" / "i16.png")
+    palette = Image.new("P", (8, 4), 1)
+    palette.putpalette([0, 0, 0, 10, 200, 10] + [0] * 762)
+    palette.save(root / "train" / "color" / "p.png", transparency=0)  # entry 0 transparent, unused
+    transparent = Image.new("P", (9, 4), 0)
+    transparent.putpalette([0, 0, 0] * 256)
+    transparent.save(root / "train" / "color" / "p_transparent.png", transparency=0)
+    Image.new("CMYK", (10, 4), (0, 255, 255, 0)).save(root / "train" / "color" / "cmyk.jpg")
+    task = load_task(str(root), eval_split="train")
+    by_width = {}
+    for image, _ in all_samples(task.train):
+        assert image.mode == "RGB"
+        by_width[image.size[0]] = image.getpixel((0, 0))
+    assert by_width[6] == (77, 77, 77)
+    assert by_width[7] == (255, 255, 255)  # 16-bit scaled down, not clipped
+    assert by_width[8] == (10, 200, 10)
+    assert by_width[9] == (255, 255, 255)  # transparent pixels land on white
+    assert by_width[10][0] > 200 and by_width[10][1] < 60  # CMYK red stays red
+
+
+def test_to_rgb_flattens_alpha_onto_white():
+    half = Image.new("RGBA", (2, 2), (0, 0, 0, 0))
+    assert to_rgb(half).getpixel((0, 0)) == (255, 255, 255)
+    assert to_rgb(Image.new("LA", (2, 2), (0, 255))).getpixel((0, 0)) == (0, 0, 0)
+
+
+def test_corrupt_image_is_skipped_with_its_path_in_one_warning(tmp_path, caplog):
+    root = write_image_folder(tmp_path / "f", per_class=3)
+    corrupt = root / "train" / "dog" / "broken.png"
+    corrupt.write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
+    truncated = root / "train" / "cat" / "truncated.png"
+    truncated.write_bytes((root / "train" / "cat" / "0.png").read_bytes()[:40])
+    task = load_task(str(root))
+    data_config = {"input_size": (3, 16, 16), "interpolation": "bilinear", "mean": (0.5,) * 3,
+                   "std": (0.5,) * 3, "crop_pct": 1.0}
+    train = with_transform(task.train, build_transforms(data_config, train=False))
+    loader = DataLoader(train, batch_size=4, collate_fn=collate_skipping_failures)
+    with caplog.at_level(logging.WARNING, logger="attnft.data.images"):
+        for _ in range(2):  # a second epoch does not warn again
+            seen = sum(len(labels) for _, labels in (batch for batch in loader if batch is not None))
+            assert seen == 6
+    warnings = [record.getMessage() for record in caplog.records]
+    assert len(warnings) == 2
+    assert any(str(corrupt) in message for message in warnings)
+    assert any(str(truncated) in message for message in warnings)
+
+
+def test_unreadable_embedded_image_is_reported_by_its_index(tmp_path, caplog):
+    data = image_dataset(3, ["a", "b"])
+    broken = Dataset.from_dict({"image": [{"bytes": b"garbage", "path": None}], "label": [1]}, features=data.features)
+    DatasetDict(train=datasets.concatenate_datasets([data, broken]), test=data).save_to_disk(tmp_path / "d")
+    task = load_task(str(tmp_path / "d"))
+    with caplog.at_level(logging.WARNING, logger="attnft.data.images"):
+        assert task.train[3] is None and task.train[2] is not None
+    assert "sample 3 of saved dataset" in caplog.records[0].getMessage()
+
+
+def test_a_batch_of_only_unreadable_images_collates_to_none():
+    assert collate_skipping_failures([None, None]) is None
+
+
+# ---- errors -------------------------------------------------------------------------------------
+
+def test_unknown_dataset_or_preset_lists_the_presets():
+    with pytest.raises(DataError, match="presets: cars, flowers102") as error:
+        load_task("stanford-carz")
+    assert "\n" not in str(error.value)
+
+
+def test_missing_label_column_lists_the_columns(tmp_path):
+    data = image_dataset(4, ["a", "b"], extra={"caption": (["x"] * 4, Value("string"))}).remove_columns("label")
+    DatasetDict(train=data, test=data).save_to_disk(tmp_path / "d")
+    with pytest.raises(DataError, match="columns: image, caption"):
+        load_task(str(tmp_path / "d"))
+    with pytest.raises(DataError, match=r"label column 'species' not found .*columns: image, caption"):
+        load_task(str(tmp_path / "d"), label_key="species")
+
+
+def test_missing_image_column_lists_the_columns(tmp_path):
+    data = image_dataset(4, ["a", "b"]).remove_columns("image").add_column("text", ["t"] * 4)
+    DatasetDict(train=data, test=data).save_to_disk(tmp_path / "d")
+    with pytest.raises(DataError, match="image.*columns: label, text"):
+        load_task(str(tmp_path / "d"))
+
+
+def test_two_class_label_columns_without_a_label_column_ask_for_label_key(tmp_path):
+    data = image_dataset(4, ["a", "b"], extra={"coarse": ([0, 1, 0, 1], ClassLabel(names=["p", "q"]))})
+    data = data.rename_column("label", "fine")
+    DatasetDict(train=data, test=data).save_to_disk(tmp_path / "d")
+    with pytest.raises(DataError, match="--label-key"):
+        load_task(str(tmp_path / "d"))
+    assert load_task(str(tmp_path / "d"), label_key="coarse").label_names == ["p", "q"]
+
+
+def test_folder_with_no_images_is_an_error(tmp_path):
+    os.makedirs(tmp_path / "empty" / "train" / "cat")
+    (tmp_path / "empty" / "train" / "cat" / "notes.txt").write_text("no pictures here")
+    with pytest.raises(DataError, match="no images in"):
+        load_task(str(tmp_path / "empty"))
+
+
+def test_images_without_class_folders_is_an_error(tmp_path):
+    for split in ("train", "val"):
+        os.makedirs(tmp_path / "flat" / split)
+        Image.new("RGB", (4, 4)).save(tmp_path / "flat" / split / "a.png")
+    with pytest.raises(DataError, match="no class folders"):
+        load_task(str(tmp_path / "flat"))
+
+
+def test_missing_split_lists_the_splits(tmp_path):
+    root = write_image_folder(tmp_path / "f", per_class=1)
+    with pytest.raises(DataError, match="split 'test' not found .*splits: train, validation"):
+        load_task(str(root), eval_split="test")
+    saved = tmp_path / "saved"
+    DatasetDict(train=image_dataset(2, ["a", "b"])).save_to_disk(saved)
+    with pytest.raises(DataError, match="no evaluation split; splits: train"):
+        load_task(str(saved))
+
+
+def test_hub_dataset_while_offline_fails_fast_and_says_what_to_pass():
+    start = time.monotonic()
+    for name in ("cars", "someone/some-dataset"):
+        with pytest.raises(DataError, match="--data-dir") as error:
+            load_task(name)
+        assert "offline" in str(error.value).lower() or "hub is off" in str(error.value)
+    assert time.monotonic() - start < 5
+
+
+def test_inat_preset_without_data_dir_asks_for_it():
+    with pytest.raises(DataError, match="--data-dir"):
+        load_task("inat2019")
+
+
+def test_batch_size_larger_than_the_dataset_is_an_error(tmp_path):
+    task = load_task(str(write_image_folder(tmp_path / "f", per_class=2)))
+    check_batch_size(task.train, 4)
+    with pytest.raises(DataError, match="batch size 5 is larger than the dataset \\(4 samples\\)"):
+        check_batch_size(task.train, 5)
+
+
+# ---- transforms and mixup -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("train", [True, False])
+def test_transforms_give_normalised_tensors_at_the_configured_resolution(train):
+    data_config = {"input_size": (3, 48, 40), "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406),
+                   "std": (0.229, 0.224, 0.225), "crop_pct": 0.875}
+    aug = AugConfig(auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25, color_jitter=0.4)
+    transform = build_transforms(data_config, train=train, aug=aug)
+    for size in ((28, 28), (300, 200)):
+        tensor = transform(Image.new("RGB", size, (120, 60, 30)))
+        assert tensor.shape == (3, 48, 40) and tensor.dtype == torch.float32
+
+
+def test_transformed_split_feeds_a_dataloader(tmp_path):
+    task = load_task(str(write_image_folder(tmp_path / "f", per_class=2)))
+    data_config = {"input_size": (3, 32, 32), "interpolation": "bilinear", "mean": (0.5,) * 3,
+                   "std": (0.5,) * 3, "crop_pct": 0.9}
+    train = with_transform(task.train, build_transforms(data_config, train=True))
+    images, labels = next(iter(DataLoader(train, batch_size=4, collate_fn=collate_skipping_failures)))
+    assert images.shape == (4, 3, 32, 32) and labels.tolist() == sorted(labels.tolist())
+
+
+def test_mixup_is_off_by_default_and_mixes_odd_batches_when_on():
+    assert make_mixup(AugConfig(), num_classes=5) is None
+    mixup = make_mixup(AugConfig(mixup=0.8, cutmix=1.0, smoothing=0.1), num_classes=5)
+    images, targets = mixup(torch.rand(5, 3, 8, 8), torch.tensor([0, 1, 2, 3, 4]))
+    assert images.shape == (5, 3, 8, 8) and targets.shape == (5, 5)
+    assert torch.allclose(targets.sum(dim=1), torch.ones(5))
+    assert targets[-1].argmax() == 4 and targets[-1].max() == pytest.approx(0.9 + 0.1 / 5)
