@@ -1,0 +1,323 @@
+"""The model a user names, built at the resolution they ask for, with its weights.
+
+Names are whatever timm takes: a registry name with an optional pretrained tag
+(``vit_small_patch16_224.augreg_in1k``), ``hf-hub:org/repo`` or ``local-dir:/path`` (a folder
+with timm's ``config.json`` and ``model.safetensors``). Weights come from timm (the hub, or
+the local Hugging Face cache when offline) or from a checkpoint file.
+
+At the weights' own resolution timm builds and loads in one call. At another resolution the
+model is built at the new size and the weights' position tensors are resampled: first by
+the family's timm checkpoint filter, then by :mod:`attnft.resolution` for what the filter
+leaves (CaiT, Hiera). Loading is strict: every key must fit, except a classifier replaced
+for another number of classes.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import functools
+import json
+import pickle
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Optional
+from urllib.error import URLError
+
+import safetensors.torch
+import timm
+import torch
+from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+from timm.data import resolve_model_data_config
+from timm.models import clean_state_dict, get_model_input_config, model_entrypoint, parse_model_name
+from torch import nn
+
+from .errors import AdapterError, ConfigError, OfflineError, UnknownModelError
+from .resolution import check_img_size, check_img_size_value, resample_state_dict
+
+__all__ = ["create_model", "read_state_dict", "data_config", "model_img_size", "patch_grid"]
+
+CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".tar")
+# containers training scripts wrap a state dict in (DeiT / timm train.py / BEiT v2 / Lightning)
+STATE_DICT_CONTAINERS = ("model", "state_dict", "module")
+# extra arguments timm's own builder passes to a family's checkpoint filter
+FILTER_ARGS = {"timm.models.deit": {"adapt_layer_scale": True}}  # DeiT III's gamma_1 -> ls1.gamma
+
+
+def create_model(
+    name: str,
+    *,
+    pretrained: bool = True,
+    checkpoint: str | Path | None = None,
+    num_classes: int | None = None,
+    img_size: int | None = None,
+    drop_path_rate: float = 0.0,
+    **kwargs: Any,
+) -> nn.Module:
+    """Build ``name`` at ``img_size`` pixels (square; None: the weights' size) with its weights.
+
+    Weights: ``checkpoint`` (a state dict file) if given, else timm's pretrained weights if
+    ``pretrained``, else random. ``num_classes`` None keeps the classes of the weights; another
+    number gets a new classifier. ``kwargs`` go to the timm model (e.g. ``embed_dim``).
+    Raises UnknownModelError, ConfigError, AdapterError or OfflineError with a one-line reason.
+    """
+    _check_name(name)
+    if img_size is not None:
+        check_img_size_value(img_size)  # before any hub access
+    build_args = dict(kwargs, num_classes=num_classes, drop_path_rate=drop_path_rate)
+    with _hub_errors(name):
+        native = _skeleton(name, **build_args)
+        size_args = {}
+        if img_size is not None and get_model_input_config(native)["fixed_input_size"]:
+            size_args = {"img_size": img_size}  # other models take any size; only the data config changes
+        target = _skeleton(name, **size_args, **build_args) if size_args else native
+        if img_size is not None:
+            check_img_size(target, img_size, name)
+
+        if checkpoint is not None:
+            weights, source = read_state_dict(checkpoint), f"checkpoint {checkpoint}"
+        elif pretrained and model_img_size(target) != model_img_size(native):
+            _check_has_weights(native, name)
+            # timm loads the weights at their own size; the model at the new size takes them resampled
+            weights, source = timm.create_model(name, pretrained=True, **build_args).state_dict(), f"pretrained {name}"
+        else:
+            if pretrained:
+                _check_has_weights(native, name)
+            return timm.create_model(name, pretrained=pretrained, **size_args, **build_args)
+
+        model = timm.create_model(name, pretrained=False, **size_args, **build_args)
+        _load_weights(model, weights, source, num_classes, same_size=img_size is None)
+        return model
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors of a .safetensors or torch (.pth/.pt/.bin, read with weights_only) file.
+
+    Unwraps ``{"model": ...}``, ``{"state_dict": ...}`` and ``{"module": ...}`` containers and
+    strips DDP / torch.compile prefixes (``module.``, ``_orig_mod.``). Raises AdapterError.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise AdapterError(f"checkpoint {path} does not exist")
+    try:
+        if path.suffix == ".safetensors":
+            content = safetensors.torch.load_file(str(path), device="cpu")
+        else:
+            # timm's train.py stores its argparse arguments next to the weights
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                content = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        refused = torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) if zipfile.is_zipfile(path) else []
+        why = f"it holds Python objects weights_only=True refuses: {_few(refused)}" if refused else "not a torch file"
+        raise AdapterError(f"checkpoint {path} cannot be read safely ({why})") from e
+    except Exception as e:  # every reader fails its own way on a bad file; the cause is the file
+        first_sentence = " ".join(str(e).split()).split(". ")[0][:200] or type(e).__name__
+        raise AdapterError(f"checkpoint {path} cannot be read ({first_sentence})") from e
+    for container in STATE_DICT_CONTAINERS:
+        if isinstance(content, Mapping) and isinstance(content.get(container), Mapping):
+            content = content[container]
+            break
+    if not isinstance(content, Mapping) or not content:
+        raise AdapterError(f"checkpoint {path} holds no state dict (found {type(content).__name__})")
+    not_tensors = [k for k, v in content.items() if not isinstance(v, torch.Tensor)]
+    if not_tensors:
+        raise AdapterError(
+            f"checkpoint {path} is not a state dict: {_few(not_tensors)} are not tensors "
+            f"(expected a dict of tensors, or one under {' / '.join(STATE_DICT_CONTAINERS)})"
+        )
+    return clean_state_dict(dict(content))
+
+
+def data_config(model: nn.Module, img_size: int | None = None, crop_pct: float | None = None) -> dict:
+    """timm's data config (input_size, interpolation, mean, std, crop_pct, crop_mode) for the model
+    as built, not as pretrained: ``input_size`` follows ``img_size`` (default: the model's size)."""
+    channels = get_model_input_config(model)["input_size"][0]
+    size = (img_size, img_size) if img_size is not None else model_img_size(model)
+    return resolve_model_data_config(model, args={"input_size": (channels, *size), "crop_pct": crop_pct})
+
+
+def model_img_size(model: nn.Module) -> tuple[int, int]:
+    """The (H, W) input size in pixels the model was built for."""
+    return tuple(get_model_input_config(model)["input_size"][1:])
+
+
+def patch_grid(model: nn.Module) -> Optional[tuple[int, int]]:
+    """The (H, W) token grid of the patch embedding, or None for models without one."""
+    grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
+    return tuple(int(g) for g in grid) if grid is not None else None
+
+
+# --- names, hub and sources -------------------------------------------------------------
+
+
+def _check_name(name: str) -> None:
+    """Raise UnknownModelError for a name timm cannot resolve, with close names."""
+    try:
+        source, model_id = parse_model_name(name)
+    except ValueError as e:
+        raise UnknownModelError(str(e)) from e
+    if source == "local-dir":
+        config_file = Path(model_id) / "config.json"
+        if not config_file.is_file():
+            raise UnknownModelError(f"{name}: no folder with a timm config.json at {model_id}")
+        try:
+            arch = json.loads(config_file.read_text()).get("architecture")
+        except (ValueError, AttributeError) as e:
+            raise UnknownModelError(f"{name}: {config_file} is not a timm config ({e})") from e
+        if not timm.is_model(arch or ""):
+            raise UnknownModelError(f"{name}: {config_file} names no timm architecture (architecture={arch!r})")
+        return
+    if source is not None:
+        return  # hub ids are checked by the hub
+    arch, tag = timm.models.split_model_name_tag(model_id)
+    if not timm.is_model(arch):
+        close = difflib.get_close_matches(arch, timm.list_models(), n=5, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
+        raise UnknownModelError(f"unknown model {name!r}{hint}")
+    if tag and f"{arch}.{tag}" not in timm.models.get_arch_pretrained_cfgs(arch):
+        tags = sorted(timm.models.get_arch_pretrained_cfgs(arch))
+        raise UnknownModelError(f"unknown pretrained tag {tag!r} for {arch}; known: {', '.join(tags)}")
+
+
+@contextlib.contextmanager
+def _hub_errors(name: str) -> Iterator[None]:
+    """Hub and download failures as one-line user errors."""
+    try:
+        yield
+    except LocalEntryNotFoundError as e:  # subclass of EntryNotFoundError: catch it first
+        raise OfflineError(
+            f"{name}: not in the local Hugging Face cache and the hub cannot be reached (HF_HUB_OFFLINE=1 "
+            "or no network); pass a timm model name with --checkpoint FILE, or local-dir:PATH, instead"
+        ) from e
+    except (RepositoryNotFoundError, EntryNotFoundError) as e:
+        raise UnknownModelError(f"{name}: no such timm model on the hub ({type(e).__name__})") from e
+    except URLError as e:
+        raise OfflineError(
+            f"{name}: downloading its weights failed ({e.reason}); pass --checkpoint FILE or local-dir:PATH instead"
+        ) from e
+
+
+def _skeleton(name: str, **build_args: Any) -> nn.Module:
+    """The model on the meta device: its shapes and config, without memory or init time."""
+    try:
+        with torch.device("meta"):
+            return timm.create_model(name, pretrained=False, **build_args)
+    except TypeError as e:  # a keyword the family does not take
+        raise ConfigError(f"{name} does not take these model arguments: {e}") from e
+
+
+def _check_has_weights(model: nn.Module, name: str) -> None:
+    cfg = model.pretrained_cfg
+    if cfg.get("source") in ("hf-hub", "local-dir"):
+        if cfg.get("source") == "local-dir" and not _has_weight_file(Path(cfg["file"])):
+            raise AdapterError(f"{name}: no model.safetensors or pytorch_model.bin in {cfg['file']}")
+        return
+    if not any(cfg.get(k) for k in ("hf_hub_id", "url", "file", "state_dict")):
+        raise ConfigError(f"{name} has no pretrained weights in timm; pass a checkpoint or pretrained=False")
+    if cfg.get("file") and not cfg.get("state_dict") and not Path(cfg["file"]).is_file():
+        raise AdapterError(f"{name}: its pretrained weights file {cfg['file']} does not exist")
+
+
+def _has_weight_file(folder: Path) -> bool:
+    return any(p.suffix in CHECKPOINT_SUFFIXES for p in folder.iterdir() if p.is_file())
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+def _load_weights(
+    model: nn.Module,
+    weights: dict[str, torch.Tensor],
+    source: str,
+    num_classes: int | None,
+    same_size: bool,
+) -> None:
+    """Load ``weights`` strictly into ``model`` (built at its final size), resampling positions.
+
+    ``same_size``: no resolution was asked for, so weights sized for another one are refused
+    rather than silently resampled to the default size.
+    """
+    if same_size:
+        _refuse_other_resolution(weights, model, source)
+    weights = _timm_filter(model, source)(dict(weights), model)
+    weights = resample_state_dict(weights, model)
+    allowed_missing = _fit_classifier(weights, model, num_classes)
+    _check_fits(weights, model, source, allowed_missing)
+    model.load_state_dict(weights, strict=False)
+
+
+def _timm_filter(model: nn.Module, source: str) -> Callable[[dict, nn.Module], dict]:
+    """The family's timm checkpoint filter (format conversion, timm's own resampling)."""
+    module_name = model_entrypoint(model.pretrained_cfg["architecture"]).__module__
+    filter_fn = getattr(sys.modules[module_name], "checkpoint_filter_fn", None)
+    if filter_fn is None:
+        return lambda weights, model: weights
+    filter_fn = functools.partial(filter_fn, **FILTER_ARGS.get(module_name, {}))
+
+    def run(weights: dict, model: nn.Module) -> dict:
+        try:
+            return filter_fn(weights, model)
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError, RuntimeError, AssertionError) as e:
+            raise AdapterError(f"{source} is not a checkpoint of {_arch(model)} ({type(e).__name__}: {e})") from e
+
+    return run
+
+
+def _refuse_other_resolution(weights: Mapping[str, torch.Tensor], model: nn.Module, source: str) -> None:
+    resampled = resample_state_dict(weights, model)
+    changed = [k for k in resampled if resampled[k] is not weights[k]]
+    if changed:
+        key = changed[0]
+        raise ConfigError(
+            f"{source} was made at another resolution than {_arch(model)}'s {model_img_size(model)[0]} px "
+            f"({key} {tuple(weights[key].shape)}, the model needs {tuple(model.state_dict()[key].shape)}); "
+            "pass img_size (--res) to build the model at the size you want"
+        )
+
+
+def _fit_classifier(weights: dict[str, torch.Tensor], model: nn.Module, num_classes: int | None) -> set[str]:
+    """Match the classifier to the weights (num_classes None) or drop theirs for a new one.
+
+    Returns the classifier keys the weights may lack.
+    """
+    names = model.pretrained_cfg.get("classifier") or ()
+    names = (names,) if isinstance(names, str) else tuple(names)
+    keys = {f"{n}.{p}" for n in names for p in ("weight", "bias")}
+    head = weights.get(f"{names[0]}.weight") if names else None
+    if num_classes is None:
+        classes = head.shape[0] if head is not None else 0
+        if classes != getattr(model, "num_classes", classes):
+            model.reset_classifier(classes)
+        return set()
+    if head is not None and head.shape[0] != num_classes:
+        for key in keys:
+            weights.pop(key, None)
+    return keys
+
+
+def _check_fits(weights: Mapping[str, torch.Tensor], model: nn.Module, source: str, allowed_missing: set[str]) -> None:
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in weights and k not in allowed_missing]
+    unexpected = [k for k in weights if k not in expected]
+    mismatched = [
+        f"{k} {tuple(v.shape)} vs {tuple(expected[k].shape)}"
+        for k, v in weights.items()
+        if k in expected and v.shape != expected[k].shape
+    ]
+    problems = [
+        f"{label}: {_few(keys)}"
+        for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", mismatched))
+        if keys
+    ]
+    if problems:
+        raise AdapterError(f"{source} does not fit {_arch(model)}: " + "; ".join(problems))
+
+
+def _arch(model: nn.Module) -> str:
+    return model.pretrained_cfg.get("architecture") or type(model).__name__
+
+
+def _few(items: list[str], limit: int = 4) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
