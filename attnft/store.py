@@ -1,0 +1,284 @@
+"""A store: a folder of named adapters, one sub-folder each.
+
+Names are ``[A-Za-z0-9][A-Za-z0-9._-]*`` without ``..``, so a name can never reach outside the
+store. Hidden entries (``.tmp-*`` being written, ``.del-*`` being deleted) are never listed;
+every write and delete is atomic (see :func:`attnft.adapters.write_directory_atomically`).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+from torch import nn
+
+from .adapters import (
+    CARD_FILE,
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    Adapter,
+    AdapterConfig,
+    BaseSnapshot,
+    load_adapter,
+    read_adapter,
+    read_config,
+    remove_directory_atomically,
+    save_adapter,
+    verify_adapter,
+    write_directory_atomically,
+)
+from .errors import AttnftError, OfflineError, StoreError
+from .policy import PolicyReport
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_NAME_LENGTH = 128
+STORE_ENV = "ATTNFT_STORE"
+DEFAULT_STORE = "adapters"
+
+
+def default_store_root() -> Path:
+    """``$ATTNFT_STORE`` or ``./adapters``."""
+    return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a valid adapter name, else StoreError."""
+    if (
+        not isinstance(name, str)
+        or not NAME_PATTERN.fullmatch(name)
+        or ".." in name
+        or len(name) > MAX_NAME_LENGTH
+    ):
+        raise StoreError(
+            f"invalid adapter name {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit, "
+            f"no '..', at most {MAX_NAME_LENGTH} characters"
+        )
+    return name
+
+
+@dataclass
+class AdapterSummary:
+    """One line of ``list``: a stored adapter as its config describes it (``error`` if it cannot be read)."""
+
+    name: str
+    path: Path
+    model_name: str = ""
+    policy: str = ""
+    mode: str = ""
+    num_classes: int = 0
+    input_size: int = 0
+    size_bytes: int = 0
+    base_fingerprint: str = ""
+    created: str = ""
+    error: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        data = dict(vars(self))
+        data["path"] = str(self.path)
+        return data
+
+
+class AdapterStore:
+    """Named adapters under one root folder."""
+
+    def __init__(self, root: Union[str, os.PathLike, None] = None):
+        self.root = Path(root) if root is not None else default_store_root()
+
+    def __repr__(self) -> str:
+        return f"AdapterStore({str(self.root)!r})"
+
+    def path(self, name: str) -> Path:
+        return self.root / check_name(name)
+
+    def exists(self, name: str) -> bool:
+        return (self.path(name) / CONFIG_FILE).is_file()
+
+    def _existing(self, name: str) -> Path:
+        path = self.path(name)
+        if not path.is_dir():
+            raise StoreError(f"no adapter named {name!r} in {self.root}")
+        return path
+
+    # --- write ---
+
+    def save(
+        self, name: str, model: nn.Module, report: PolicyReport, base: BaseSnapshot, *, overwrite: bool = False, **save_kwargs
+    ) -> Path:
+        """Save an adapter under ``name``; see :func:`attnft.adapters.save_adapter` for ``save_kwargs``."""
+        path = self.path(name)
+        save_kwargs.setdefault("title", name)
+        save_adapter(path, model, report, base, overwrite=overwrite, **save_kwargs)
+        return path
+
+    def import_folder(self, source: Union[str, os.PathLike], name: str, *, overwrite: bool = False) -> Path:
+        """Copy a verified adapter folder (e.g. downloaded from a hub) into the store as ``name``."""
+        path = self.path(name)
+        source = Path(source)
+        verify_adapter(source)  # refuse a broken folder before anything is written
+
+        def write(folder: Path) -> None:
+            for item in source.iterdir():
+                if item.is_file() and not item.name.startswith("."):
+                    shutil.copyfile(item, folder / item.name)
+            verify_adapter(folder)  # the copy, not just the source
+
+        write_directory_atomically(path, write, overwrite=overwrite)
+        return path
+
+    def delete(self, name: str) -> None:
+        remove_directory_atomically(self._existing(name))
+
+    # --- a Hugging Face hub ---
+    # ``hub`` is anything with HfApi's create_repo / upload_folder / snapshot_download (default: HfApi()).
+
+    def push(self, name: str, repo_id: str, *, hub=None, private: Optional[bool] = None) -> str:
+        """Upload adapter ``name`` (verified first) as the model repo ``repo_id``; the folder is the repo."""
+        path = self._existing(name)
+        verify_adapter(path)
+        hub = hub or _hf_api()
+        with _hub_errors(repo_id):
+            hub.create_repo(repo_id, private=private, exist_ok=True)
+            hub.upload_folder(repo_id=repo_id, folder_path=str(path), commit_message=f"attnft adapter {name}")
+        return repo_id
+
+    def pull(self, repo_id: str, name: str, *, revision: Optional[str] = None, hub=None, overwrite: bool = False) -> Path:
+        """Download the adapter in hub repo ``repo_id`` and import it as ``name``, verified; nothing is kept if it fails."""
+        path = self.path(name)
+        if path.exists() and not overwrite:
+            raise StoreError(f"an adapter named {name!r} exists in {self.root}: pass overwrite=True (--overwrite) to replace it")
+        hub = hub or _hf_api()
+        with tempfile.TemporaryDirectory(prefix=".pull-") as download:
+            with _hub_errors(repo_id):
+                folder = hub.snapshot_download(
+                    repo_id, revision=revision, local_dir=download, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, CARD_FILE]
+                )
+            return self.import_folder(folder, name, overwrite=overwrite)
+
+    # --- read ---
+
+    def read(self, name: str) -> Adapter:
+        return read_adapter(self._existing(name))
+
+    def load(self, name: str, model: nn.Module, **load_kwargs) -> AdapterConfig:
+        """Load adapter ``name`` into ``model``; see :func:`attnft.adapters.load_adapter` for ``load_kwargs``."""
+        return load_adapter(model, self.read(name), **load_kwargs)
+
+    def config(self, name: str) -> AdapterConfig:
+        return read_config(self._existing(name))
+
+    def verify(self, name: str) -> AdapterConfig:
+        """Check files, header, names, shapes and sha256 of ``name``; AdapterError if anything is off."""
+        return verify_adapter(self._existing(name))
+
+    def names(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and NAME_PATTERN.fullmatch(p.name) and ".." not in p.name)
+
+    def list(self) -> list[AdapterSummary]:
+        """Every adapter in the store, read from its config (cheap: no tensor is read)."""
+        summaries = []
+        for name in self.names():
+            path = self.root / name
+            try:
+                config = read_config(path)
+            except AttnftError as e:
+                summaries.append(AdapterSummary(name=name, path=path, error=str(e)))
+                continue
+            summaries.append(
+                AdapterSummary(
+                    name=name,
+                    path=path,
+                    model_name=config.model_name,
+                    policy=config.policy,
+                    mode=config.mode if config.mode == "exact" else f"delta-{config.delta_dtype}",
+                    num_classes=config.num_classes,
+                    input_size=config.input_size,
+                    size_bytes=_folder_bytes(path),
+                    base_fingerprint=config.base_fingerprint,
+                    created=config.created,
+                )
+            )
+        return summaries
+
+    def show(self, name: str) -> dict:
+        """The config of ``name`` plus where it lives and its file sizes."""
+        path = self._existing(name)
+        config = read_config(path)
+        info = {"name": name, "path": str(path), "files": {p.name: p.stat().st_size for p in sorted(path.iterdir()) if p.is_file()}}
+        info.update(config.to_dict())
+        return info
+
+    def remove_leftovers(self, older_than_s: float = 0.0) -> list[Path]:
+        """Remove hidden ``.tmp-*`` / ``.del-*`` folders left by killed writers (whose process is gone)."""
+        removed = []
+        if not self.root.is_dir():
+            return removed
+        now = time.time()
+        for entry in self.root.iterdir():
+            if not (entry.name.startswith(".tmp-") or entry.name.startswith(".del-")):
+                continue
+            pid = _writer_pid(entry.name)
+            if pid is not None and _alive(pid):
+                continue
+            if now - entry.stat().st_mtime < older_than_s:
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+        return removed
+
+
+def _hf_api():
+    from huggingface_hub import HfApi
+
+    return HfApi()
+
+
+class _hub_errors:
+    """Hub failures as one-line user errors: offline -> OfflineError, anything else from the hub -> StoreError."""
+
+    def __init__(self, repo_id: str):
+        self.repo_id = repo_id
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if error is None:
+            return False
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+        if isinstance(error, (OfflineModeIsEnabled, LocalEntryNotFoundError)):
+            raise OfflineError(f"hub repo {self.repo_id} cannot be reached offline (HF_HUB_OFFLINE=1 or no network)") from None
+        if isinstance(error, HfHubHTTPError):
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise StoreError(f"hub repo {self.repo_id}: {first_line}") from None
+        return False
+
+
+def _folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
+def _writer_pid(hidden_name: str) -> Optional[int]:
+    # .tmp-<name>-<pid>-<random>; names may contain '-', the pid is the second field from the end
+    parts = hidden_name.rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+__all__ = ["AdapterStore", "AdapterSummary", "check_name", "default_store_root", "WEIGHTS_FILE"]
