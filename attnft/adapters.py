@@ -344,20 +344,20 @@ def save_adapter(
         raise ConfigError(f"{len(label_names)} label names for a model with {num_classes} classes")
     size = input_size or current_input_size(model)
     config = AdapterConfig(
-        model_name=model_name or _model_name(model),
+        model_name=model_name or base_model_name(model),
         timm_version=_timm_version(),
         attnft_version=__version__,
         policy=report.policy.name,
         input_size=int(size),
         num_classes=num_classes,
         label_names=list(label_names) if label_names is not None else None,
-        data_config=_jsonable(data_config if data_config is not None else _default_data_config(model, size)),
+        data_config=jsonable(data_config if data_config is not None else default_data_config(model, size)),
         dtype=str(dtype).removeprefix("torch."),
         mode=mode,
         delta_dtype=delta_dtype if mode == "delta" else None,
         base_fingerprint=base.fingerprint,
         tensors=entries,
-        model_args=_model_args(model),
+        model_args=base_model_args(model),
         base_model_id=getattr(model, "pretrained_cfg", {}).get("hf_hub_id"),
         trained_params=sum(t.numel() for t in trained.values()),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -369,7 +369,7 @@ def save_adapter(
 
         weights = folder / WEIGHTS_FILE
         save_file(tensors, str(weights), metadata={"format": "pt", "attnft_format": FORMAT})
-        config.weights_sha256 = _sha256_file(weights)
+        config.weights_sha256 = sha256_file(weights)
         config.weights_bytes = weights.stat().st_size
         (folder / CONFIG_FILE).write_text(config.to_json())
         (folder / CARD_FILE).write_text(model_card(config, title=title or path.name, license=card_license))
@@ -391,13 +391,13 @@ def current_input_size(model: nn.Module) -> int:
         return int(getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224))[-1])
 
 
-def _model_name(model: nn.Module) -> str:
+def base_model_name(model: nn.Module) -> str:
     cfg = getattr(model, "pretrained_cfg", {}) or {}
     arch = cfg.get("architecture", type(model).__name__)
     return f"{arch}.{cfg['tag']}" if cfg.get("tag") else arch
 
 
-def _model_args(model: nn.Module) -> dict:
+def base_model_args(model: nn.Module) -> dict:
     """timm's reconstruction kwargs (embed_dim, depth, ...), keeping the JSON-able ones."""
     try:
         from timm.models import get_model_args
@@ -414,7 +414,7 @@ def _model_args(model: nn.Module) -> dict:
     return kept
 
 
-def _default_data_config(model: nn.Module, size: int) -> dict:
+def default_data_config(model: nn.Module, size: int) -> dict:
     from timm.data import resolve_model_data_config
 
     data = dict(resolve_model_data_config(model))
@@ -422,7 +422,7 @@ def _default_data_config(model: nn.Module, size: int) -> dict:
     return data
 
 
-def _jsonable(value):
+def jsonable(value):
     return json.loads(json.dumps(value, default=list))
 
 
@@ -461,7 +461,7 @@ def verify_adapter(path: PathLike) -> AdapterConfig:
     _check_header_matches_config(header, config, weights)
     if config.weights_bytes and weights.stat().st_size != config.weights_bytes:
         raise AdapterError(f"{weights} has {weights.stat().st_size} bytes, its config says {config.weights_bytes}: truncated or replaced")
-    if _sha256_file(weights) != config.weights_sha256:
+    if sha256_file(weights) != config.weights_sha256:
         raise AdapterError(f"{weights} does not match the sha256 in its config: the file is corrupted or was replaced")
     return config
 
@@ -537,7 +537,7 @@ def _check_header_matches_config(header: dict, config: AdapterConfig, weights: P
             )
 
 
-def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(chunk), b""):

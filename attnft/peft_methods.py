@@ -48,17 +48,17 @@ from torch import nn
 
 from . import __version__
 from .adapters import (
-    _default_data_config,
-    _jsonable,
-    _model_args,
-    _model_name,
-    _sha256_file,
+    default_data_config,
+    jsonable,
+    base_model_args,
+    base_model_name,
+    sha256_file,
     compute_fingerprint,
     current_input_size,
     write_directory_atomically,
 )
 from .errors import AdapterError, BaseMismatchError, ConfigError, NoAttentionError, UnknownPolicyError
-from .policy import RoleCount, _parse_blocks
+from .policy import RoleCount, parse_blocks
 from .roles import Role, RoleMap, build_role_map, parse_role
 
 __all__ = [
@@ -220,7 +220,7 @@ class PeftPolicy:
             (roles.add if sign == "+" else roles.discard)(role)
         if not roles:
             raise UnknownPolicyError(f"policy {spec!r} adapts no module: keep attn or add +ffn")
-        blocks = _parse_blocks(m.group("blocks"), spec) if m.group("blocks") else None
+        blocks = parse_blocks(m.group("blocks"), spec) if m.group("blocks") else None
         options = _parse_options(method, m.group("options") or "", spec)
         return cls(name=spec, method=method.name, roles=frozenset(roles), options=options, head=head, blocks=blocks)
 
@@ -576,12 +576,12 @@ def save_peft_adapter(
         "format_version": SIDECAR_VERSION,
         "method": report.policy.method,
         "policy": report.policy.name,
-        "model_name": _model_name(base),
-        "model_args": _model_args(base),
+        "model_name": base_model_name(base),
+        "model_args": base_model_args(base),
         "input_size": size,
         "num_classes": num_classes,
         "label_names": list(label_names) if label_names is not None else None,
-        "data_config": _jsonable(_default_data_config(base, size)),
+        "data_config": jsonable(default_data_config(base, size)),
         "base_fingerprint": report.base_fingerprint,
         "targets": {name: role.value for name, role in report.targets.modules.items()},
         "head_modules": report.targets.head,
@@ -589,7 +589,7 @@ def save_peft_adapter(
         "peft_version": PEFT_VERSION,
         "attnft_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "metadata": _jsonable(metadata or {}),
+        "metadata": jsonable(metadata or {}),
     }
 
     def write(folder: Path) -> None:
@@ -600,7 +600,7 @@ def save_peft_adapter(
                 item.rename(folder / item.name)
             nested.rmdir()
         weights = folder / WEIGHTS_FILE
-        sidecar["weights_sha256"] = _sha256_file(weights)
+        sidecar["weights_sha256"] = sha256_file(weights)
         sidecar["weights_bytes"] = weights.stat().st_size
         (folder / SIDECAR_FILE).write_text(json.dumps(sidecar, indent=2) + "\n")
 
@@ -634,7 +634,7 @@ def verify_peft_adapter(path: Union[str, os.PathLike]) -> PeftAdapterInfo:
     """Check a peft adapter folder is whole: weights' size and sha256, peft's config, a tensor for every target."""
     info = read_peft_adapter(path)
     weights = info.path / WEIGHTS_FILE
-    if weights.stat().st_size != info.weights_bytes or _sha256_file(weights) != info.weights_sha256:
+    if weights.stat().st_size != info.weights_bytes or sha256_file(weights) != info.weights_sha256:
         raise AdapterError(f"{weights} does not match the size and sha256 in {SIDECAR_FILE}: the file is corrupted or was replaced")
     try:
         config = PeftConfig.from_pretrained(str(info.path))

@@ -79,7 +79,7 @@ class Policy:
                 valid = ", ".join([r.value for r in Role] + ["bias"])
                 raise UnknownPolicyError(f"unknown role {item!r} in policy {spec!r}: valid roles are {valid}") from None
             (roles.add if sign == "+" else roles.discard)(role)
-        blocks = _parse_blocks(block_spec, spec) if block_spec else None
+        blocks = parse_blocks(block_spec, spec) if block_spec else None
         return cls(name=spec, roles=frozenset(roles), bias=bias, blocks=blocks)
 
     def trains(self, entry: RoleEntry) -> bool:
@@ -95,7 +95,7 @@ def _is_bias(param_name: str) -> bool:
     return param_name.rsplit(".", 1)[-1].endswith("bias")
 
 
-def _parse_blocks(text: str, spec: str) -> frozenset[int]:
+def parse_blocks(text: str, spec: str) -> frozenset[int]:
     blocks = set()
     for part in text.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
