@@ -1,0 +1,236 @@
+"""One frozen backbone serving many attention adapters, one task per call or per sample.
+
+Example::
+
+    store = AdapterStore("adapters/")
+    model = MultiTaskModel.from_store(store, ["cars", "flowers", "pets"], base_model=base)
+    logits = model(images, task="cars")                      # (B, cars classes)
+    outputs = model(images, tasks=["cars", "pets", "cars"])  # list: one (classes of its task,) tensor per sample
+
+Threads. A forward call (``model(x, task=...)``, ``model(x, tasks=...)``, and ``model(x)``
+after ``set_task``) mutates nothing shared: the task of a call is resolved once when it
+starts and lives in a context variable of the calling thread. Forward calls may therefore
+run from several threads at once, for the same or different tasks. ``add_task``,
+``remove_task`` and ``set_task`` replace one entry or one reference, so they may run while
+other threads serve; a call already running keeps the tasks it started with. ``set_task`` is
+a process-wide default: threads that serve different tasks should pass ``task=`` instead.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..adapters import Adapter, compute_fingerprint, current_input_size, read_adapter
+from ..errors import AdapterError, BaseMismatchError, ConfigError
+from ..roles import RoleMap, build_role_map
+from . import routing
+from .routing import Group, Route
+from .slots import SlotMap, find_slots
+from .tasks import ServedTask, TaskWeights, build_served_task
+
+TaskSource = Union[TaskWeights, Adapter, str, os.PathLike, Mapping[str, torch.Tensor]]
+
+
+class MultiTaskModel:
+    """Serve many tasks from one base model: patch embedding and FFN shared, attention, position
+    embedding and head per task.
+
+    Takes over ``base_model``: puts it in eval mode, freezes it and routes its attention, head
+    and position tensors (see :mod:`attnft.multitask.routing`); without a task it still
+    computes the base's own outputs. Inference only: every call runs under
+    ``torch.inference_mode()``. Tensors of added tasks move to the base's device and dtype.
+    """
+
+    def __init__(self, base_model: nn.Module, *, role_map: Optional[RoleMap] = None):
+        self.base = base_model.eval().requires_grad_(False)
+        self.role_map = role_map or build_role_map(base_model)
+        self.slots: SlotMap = find_slots(base_model, self.role_map)
+        routing.install(base_model, self.slots)
+        self._tasks: dict[str, ServedTask] = {}
+        self._default: Optional[str] = None
+        self._fingerprint: Optional[str] = None
+
+    # --- building -----------------------------------------------------------------------
+
+    @classmethod
+    def from_adapters(cls, base_model: nn.Module, adapters: Mapping[str, TaskSource]) -> "MultiTaskModel":
+        """Serve each ``name -> adapter`` (an Adapter, an adapter folder, or TaskWeights) on ``base_model``."""
+        model = cls(base_model)
+        for name, source in adapters.items():
+            model.add_task(name, source)
+        return model
+
+    @classmethod
+    def from_store(cls, store, names: Iterable[str], *, base_model: nn.Module) -> "MultiTaskModel":
+        """Serve the adapters ``names`` of an :class:`attnft.store.AdapterStore` on ``base_model``."""
+        return cls.from_adapters(base_model, {name: store.read(name) for name in names})
+
+    @property
+    def base_fingerprint(self) -> str:
+        """The base's :func:`attnft.adapters.compute_fingerprint`, computed once."""
+        if self._fingerprint is None:
+            self._fingerprint = compute_fingerprint(self.base, self.role_map)
+        return self._fingerprint
+
+    def add_task(self, name: str, source: TaskSource) -> None:
+        """Serve a new task ``name`` from an adapter, an adapter folder, TaskWeights or a name -> tensor dict.
+
+        Raises BaseMismatchError if the adapter was trained on another base, AdapterError if it
+        trains weights that tasks share (FFN, norms, patch embedding) or does not fit.
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"a task name must be a non-empty string, not {name!r}")
+        if name in self._tasks:
+            raise ConfigError(f"task {name!r} is already served: remove it first")
+        weights = self._task_weights(name, source)
+        if weights.base_fingerprint is not None and weights.base_fingerprint != self.base_fingerprint:
+            raise BaseMismatchError(
+                f"task {name!r} was trained on a base with fingerprint {weights.base_fingerprint[:12]}, this "
+                f"base's is {self.base_fingerprint[:12]}: every served task must share one base"
+            )
+        self._tasks[name] = build_served_task(name, weights, self.base, self.slots, self.role_map)
+
+    def _task_weights(self, name: str, source: TaskSource) -> TaskWeights:
+        if isinstance(source, TaskWeights):
+            return source
+        if isinstance(source, (str, os.PathLike)):
+            source = read_adapter(source)
+        if isinstance(source, Adapter):
+            size = current_input_size(self.base)
+            if source.config.input_size != size:
+                raise AdapterError(
+                    f"task {name!r} was trained at {source.config.input_size}px, the base serves {size}px: "
+                    "every served task must share the base's input size"
+                )
+            return TaskWeights.from_adapter(source, self.base)
+        if isinstance(source, Mapping):
+            return TaskWeights(dict(source))
+        raise TypeError(f"cannot serve a task from {type(source).__name__}")
+
+    def remove_task(self, name: str) -> None:
+        """Stop serving ``name`` and free its tensors (calls already running finish with it)."""
+        self._served(name)
+        del self._tasks[name]
+        if self._default == name:
+            self._default = None
+
+    def set_task(self, name: Optional[str]) -> None:
+        """The task of calls that name none (None: calls must name one). Copies nothing."""
+        if name is not None:
+            self._served(name)
+        self._default = name
+
+    @property
+    def task(self) -> Optional[str]:
+        """The task of calls that name none."""
+        return self._default
+
+    @property
+    def tasks(self) -> list[str]:
+        """Names of the served tasks, in the order they were added."""
+        return list(self._tasks)
+
+    def num_classes(self, task: str) -> int:
+        return self._served(task).num_classes
+
+    def label_names(self, task: str) -> Optional[list[str]]:
+        return self._served(task).label_names
+
+    def _served(self, name: str) -> ServedTask:
+        try:
+            return self._tasks[name]
+        except KeyError:
+            served = ", ".join(self._tasks) or "none"
+            raise ConfigError(f"unknown task {name!r}: served tasks are {served}") from None
+
+    # --- serving ------------------------------------------------------------------------
+
+    def __call__(self, x: torch.Tensor, task: Optional[str] = None, tasks: Optional[Sequence[str]] = None):
+        """``tasks`` given: :meth:`forward_mixed` (a list); else :meth:`forward` (a tensor)."""
+        if tasks is not None:
+            if task is not None:
+                raise ConfigError("pass task= (one task for the batch) or tasks= (one per sample), not both")
+            return self.forward_mixed(x, tasks)
+        return self.forward(x, task)
+
+    @torch.inference_mode()
+    def forward(self, x: torch.Tensor, task: Optional[str] = None) -> torch.Tensor:
+        """Logits (B, classes of ``task``) of a batch that is all one task (None: the one set with set_task)."""
+        name = task if task is not None else self._default
+        if name is None:
+            if not self._tasks:
+                raise ConfigError("no task is served: add_task() first")
+            raise ConfigError(f"name a task (task=...) or set_task(...): served tasks are {', '.join(self._tasks)}")
+        with routing.routed(Route.single(self._served(name), x.shape[0])):
+            return self.base(x)
+
+    @torch.inference_mode()
+    def forward_mixed(self, x: torch.Tensor, tasks: Sequence[str]) -> list[torch.Tensor]:
+        """Logits of a batch mixing tasks: ``tasks[i]`` serves sample ``i``.
+
+        Returns a list of B tensors in sample order, sample ``i``'s of shape (classes of
+        ``tasks[i]``,); stack them when all tasks have as many classes. The batch is sorted by
+        task once; patch embedding and FFN run once over it, attention once per task group.
+        """
+        if isinstance(tasks, str) or len(tasks) != x.shape[0]:
+            raise ConfigError(f"tasks= needs one task name per sample: {x.shape[0]} samples, got {tasks!r}")
+        positions: dict[str, list[int]] = {}
+        for i, name in enumerate(tasks):
+            positions.setdefault(name, []).append(i)
+        served = {name: self._served(name) for name in positions}
+        if len(served) == 1:
+            return list(self.forward(x, tasks[0]).unbind(0))
+
+        order = [i for indices in positions.values() for i in indices]
+        groups, start = [], 0
+        for name, indices in positions.items():
+            groups.append(Group(served[name], start, start + len(indices)))
+            start += len(indices)
+        x = x[torch.tensor(order, device=x.device)]
+        with routing.routed(Route(groups, x.shape[0])):
+            features = self.base.forward_features(x)
+        outputs: list[Optional[torch.Tensor]] = [None] * len(order)
+        for group in groups:
+            with routing.routed(Route.single(group.task, group.stop - group.start)):
+                logits = self.base.forward_head(features[group.start:group.stop])
+            for row, sample in zip(logits.unbind(0), order[group.start:group.stop]):
+                outputs[sample] = row
+        return outputs
+
+    # --- accounting ---------------------------------------------------------------------
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes of tensor storage held: ``shared`` (the base), each task's own, and ``total``.
+
+        Storages are counted once however many modules share them.
+        """
+        seen: set[int] = set()
+        usage = {"shared": _storage_bytes(_tensors_of(self.base), seen)}
+        for name, task in self._tasks.items():
+            tensors = list(task.tensors.values())
+            for module in task.modules.values():
+                tensors.extend(_tensors_of(module))
+            usage[name] = _storage_bytes(tensors, seen)
+        usage["total"] = sum(usage.values())
+        return usage
+
+    def __repr__(self) -> str:
+        return f"MultiTaskModel({self.role_map.model_name}, tasks={self.tasks}, default={self._default!r})"
+
+
+def _tensors_of(module: nn.Module) -> list[torch.Tensor]:
+    return [p for p in module.parameters()] + [b for b in module.buffers()]
+
+
+def _storage_bytes(tensors: Iterable[torch.Tensor], seen: set[int]) -> int:
+    total = 0
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key not in seen and storage.nbytes():
+            seen.add(key)
+            total += storage.nbytes()
+    return total
