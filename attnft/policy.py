@@ -62,7 +62,8 @@ class Policy:
         base = re.match(r"[A-Za-z_]+", body)
         if base is None or base.group(0) not in BASE_POLICIES:
             raise UnknownPolicyError(
-                f"unknown policy {spec!r}: choose one of {', '.join(BASE_POLICIES)}, optionally edited as in 'attn+norm-pos_embed@8-11'"
+                f"unknown policy {spec!r}: choose one of {', '.join(BASE_POLICIES)}, optionally edited as in "
+                "'attn+norm-pos_embed@8-11', or a peft method: lora, ia3, as in 'lora:r=16'"
             )
         roles = set(BASE_POLICIES[base.group(0)])
         bias = None

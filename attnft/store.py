@@ -3,6 +3,12 @@
 Names are ``[A-Za-z0-9][A-Za-z0-9._-]*`` without ``..``, so a name can never reach outside the
 store. Hidden entries (``.tmp-*`` being written, ``.del-*`` being deleted) are never listed;
 every write and delete is atomic (see :func:`attnft.adapters.write_directory_atomically`).
+
+Two formats live side by side: attnft's own (:mod:`attnft.adapters`, from a freezing policy)
+and peft's (:mod:`attnft.peft_methods`, from ``lora`` / ``ia3`` policies). Both folders hold
+``adapter_config.json`` + ``adapter_model.safetensors``; only peft's has the sidecar
+``attnft.json``, and every method branches on it. ``read``, ``config``, ``verify`` and ``load``
+return the matching type of each format.
 """
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from torch import nn
 
@@ -35,10 +41,18 @@ from .adapters import (
 from .errors import AttnftError, OfflineError, StoreError
 from .policy import PolicyReport
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+
+    from .peft_methods import PeftAdapterInfo, PeftReport
+
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MAX_NAME_LENGTH = 128
 STORE_ENV = "ATTNFT_STORE"
 DEFAULT_STORE = "adapters"
+# attnft.peft_methods.SIDECAR_FILE, repeated so that telling the formats apart does not import
+# peft (seconds); tests/test_peft_integration.py checks the two agree
+PEFT_SIDECAR_FILE = "attnft.json"
 
 
 def default_store_root() -> Path:
@@ -59,6 +73,22 @@ def check_name(name: str) -> str:
             f"no '..', at most {MAX_NAME_LENGTH} characters"
         )
     return name
+
+
+def is_peft_folder(path: Union[str, os.PathLike]) -> bool:
+    """Whether the adapter folder ``path`` is in peft's format (it has attnft's sidecar); imports no peft."""
+    return (Path(path) / PEFT_SIDECAR_FILE).is_file()
+
+
+def _peft():
+    """:mod:`attnft.peft_methods`, imported the first time a peft adapter is met (peft takes seconds to import)."""
+    from . import peft_methods
+
+    return peft_methods
+
+
+def _verify_folder(path: Path) -> Union[AdapterConfig, "PeftAdapterInfo"]:
+    return _peft().verify_peft_adapter(path) if is_peft_folder(path) else verify_adapter(path)
 
 
 @dataclass
@@ -104,28 +134,56 @@ class AdapterStore:
             raise StoreError(f"no adapter named {name!r} in {self.root}")
         return path
 
+    def format_of(self, name: str) -> str:
+        """``"peft"`` (peft's format, from a lora / ia3 policy) or ``"attnft"``; StoreError if ``name`` is not stored."""
+        return "peft" if is_peft_folder(self._existing(name)) else "attnft"
+
     # --- write ---
 
     def save(
-        self, name: str, model: nn.Module, report: PolicyReport, base: BaseSnapshot, *, overwrite: bool = False, **save_kwargs
+        self,
+        name: str,
+        model: Union[nn.Module, "PeftModel"],
+        report: Union[PolicyReport, "PeftReport"],
+        base: Optional[BaseSnapshot] = None,
+        *,
+        overwrite: bool = False,
+        **save_kwargs,
     ) -> Path:
-        """Save an adapter under ``name``; see :func:`attnft.adapters.save_adapter` for ``save_kwargs``."""
+        """Save an adapter under ``name``, in the format of ``report``.
+
+        A :class:`PolicyReport` (freezing policy): attnft's format, ``base`` being the snapshot
+        taken before training; ``save_kwargs`` as :func:`attnft.adapters.save_adapter`.
+        A :class:`attnft.peft_methods.PeftReport`: ``model`` is the PeftModel, saved in peft's
+        format; the report holds the base fingerprint, so no ``base``; ``save_kwargs`` are
+        ``label_names`` and ``metadata`` (:func:`attnft.peft_methods.save_peft_adapter`).
+        """
         path = self.path(name)
-        save_kwargs.setdefault("title", name)
-        save_adapter(path, model, report, base, overwrite=overwrite, **save_kwargs)
+        if isinstance(report, PolicyReport):
+            if base is None:
+                raise TypeError("an attnft adapter needs base, the BaseSnapshot captured before training")
+            save_kwargs.setdefault("title", name)
+            save_adapter(path, model, report, base, overwrite=overwrite, **save_kwargs)
+            return path
+        peft = _peft()
+        if not isinstance(report, peft.PeftReport):
+            raise TypeError(f"cannot save an adapter from a {type(report).__name__}: pass a PolicyReport or a PeftReport")
+        if base is not None:
+            raise TypeError("a peft adapter takes its base fingerprint from its PeftReport: pass no base")
+        peft.save_peft_adapter(model, report, path, overwrite=overwrite, **save_kwargs)
         return path
 
     def import_folder(self, source: Union[str, os.PathLike], name: str, *, overwrite: bool = False) -> Path:
         """Copy a verified adapter folder (e.g. downloaded from a hub) into the store as ``name``."""
         path = self.path(name)
         source = Path(source)
-        verify_adapter(source)  # refuse a broken folder before anything is written
+        _verify_folder(source)  # refuse a broken folder before anything is written
 
         def write(folder: Path) -> None:
             for item in source.iterdir():
                 if item.is_file() and not item.name.startswith("."):
                     shutil.copyfile(item, folder / item.name)
-            verify_adapter(folder)  # the copy, not just the source
+            _verify_folder(folder)  # the copy, not just the source
 
         write_directory_atomically(path, write, overwrite=overwrite)
         return path
@@ -139,7 +197,7 @@ class AdapterStore:
     def push(self, name: str, repo_id: str, *, hub=None, private: Optional[bool] = None) -> str:
         """Upload adapter ``name`` (verified first) as the model repo ``repo_id``; the folder is the repo."""
         path = self._existing(name)
-        verify_adapter(path)
+        _verify_folder(path)
         hub = hub or _hf_api()
         with _hub_errors(repo_id):
             hub.create_repo(repo_id, private=private, exist_ok=True)
@@ -155,25 +213,38 @@ class AdapterStore:
         with tempfile.TemporaryDirectory(prefix=".pull-") as download:
             with _hub_errors(repo_id):
                 folder = hub.snapshot_download(
-                    repo_id, revision=revision, local_dir=download, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, CARD_FILE]
+                    repo_id, revision=revision, local_dir=download, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, PEFT_SIDECAR_FILE]
                 )
             return self.import_folder(folder, name, overwrite=overwrite)
 
     # --- read ---
 
-    def read(self, name: str) -> Adapter:
-        return read_adapter(self._existing(name))
+    def read(self, name: str) -> Union[Adapter, "PeftAdapterInfo"]:
+        """attnft's format: the verified :class:`Adapter` with its tensors. peft's: its sidecar (no tensor read)."""
+        path = self._existing(name)
+        return _peft().read_peft_adapter(path) if is_peft_folder(path) else read_adapter(path)
 
-    def load(self, name: str, model: nn.Module, **load_kwargs) -> AdapterConfig:
-        """Load adapter ``name`` into ``model``; see :func:`attnft.adapters.load_adapter` for ``load_kwargs``."""
-        return load_adapter(model, self.read(name), **load_kwargs)
+    def load(self, name: str, model: nn.Module, **load_kwargs) -> Union[AdapterConfig, "PeftModel"]:
+        """Load adapter ``name`` onto ``model``.
 
-    def config(self, name: str) -> AdapterConfig:
-        return read_config(self._existing(name))
+        attnft's format: writes the trained tensors into ``model`` in place and returns the
+        config (``load_kwargs`` as :func:`attnft.adapters.load_adapter`). peft's format: wraps
+        ``model`` (changed in place) and returns the **PeftModel** to call instead
+        (``load_kwargs`` as :func:`attnft.peft_methods.load_peft_adapter`).
+        """
+        path = self._existing(name)
+        if is_peft_folder(path):
+            return _peft().load_peft_adapter(model, path, **load_kwargs)
+        return load_adapter(model, read_adapter(path), **load_kwargs)
 
-    def verify(self, name: str) -> AdapterConfig:
-        """Check files, header, names, shapes and sha256 of ``name``; AdapterError if anything is off."""
-        return verify_adapter(self._existing(name))
+    def config(self, name: str) -> Union[AdapterConfig, "PeftAdapterInfo"]:
+        """What ``name`` describes itself as: attnft's AdapterConfig, or a peft adapter's sidecar."""
+        path = self._existing(name)
+        return _peft().read_peft_adapter(path) if is_peft_folder(path) else read_config(path)
+
+    def verify(self, name: str) -> Union[AdapterConfig, "PeftAdapterInfo"]:
+        """Check the files of ``name`` (sizes, sha256, names, shapes); AdapterError if anything is off."""
+        return _verify_folder(self._existing(name))
 
     def names(self) -> list[str]:
         if not self.root.is_dir():
@@ -186,32 +257,21 @@ class AdapterStore:
         for name in self.names():
             path = self.root / name
             try:
-                config = read_config(path)
+                summaries.append(_summary(name, path))
             except AttnftError as e:
                 summaries.append(AdapterSummary(name=name, path=path, error=str(e)))
-                continue
-            summaries.append(
-                AdapterSummary(
-                    name=name,
-                    path=path,
-                    model_name=config.model_name,
-                    policy=config.policy,
-                    mode=config.mode if config.mode == "exact" else f"delta-{config.delta_dtype}",
-                    num_classes=config.num_classes,
-                    input_size=config.input_size,
-                    size_bytes=_folder_bytes(path),
-                    base_fingerprint=config.base_fingerprint,
-                    created=config.created,
-                )
-            )
         return summaries
 
     def show(self, name: str) -> dict:
         """The config of ``name`` plus where it lives and its file sizes."""
         path = self._existing(name)
-        config = read_config(path)
         info = {"name": name, "path": str(path), "files": {p.name: p.stat().st_size for p in sorted(path.iterdir()) if p.is_file()}}
-        info.update(config.to_dict())
+        if is_peft_folder(path):
+            peft = _peft()
+            info["format"] = peft.SIDECAR_FORMAT
+            info.update(peft.read_peft_adapter(path).to_dict())
+        else:
+            info.update(read_config(path).to_dict())
         return info
 
     def remove_leftovers(self, older_than_s: float = 0.0) -> list[Path]:
@@ -231,6 +291,37 @@ class AdapterStore:
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
         return removed
+
+
+def _summary(name: str, path: Path) -> AdapterSummary:
+    """A stored adapter as its config or sidecar describes it (no tensor is read)."""
+    if is_peft_folder(path):
+        info = _peft().read_peft_adapter(path)
+        return AdapterSummary(
+            name=name,
+            path=path,
+            model_name=info.model_name,
+            policy=info.policy,
+            mode=f"peft-{info.method}",
+            num_classes=info.num_classes or 0,
+            input_size=info.input_size,
+            size_bytes=_folder_bytes(path),
+            base_fingerprint=info.base_fingerprint,
+            created=info.created,
+        )
+    config = read_config(path)
+    return AdapterSummary(
+        name=name,
+        path=path,
+        model_name=config.model_name,
+        policy=config.policy,
+        mode=config.mode if config.mode == "exact" else f"delta-{config.delta_dtype}",
+        num_classes=config.num_classes,
+        input_size=config.input_size,
+        size_bytes=_folder_bytes(path),
+        base_fingerprint=config.base_fingerprint,
+        created=config.created,
+    )
 
 
 def _hf_api():
@@ -281,4 +372,4 @@ def _alive(pid: int) -> bool:
     return True
 
 
-__all__ = ["AdapterStore", "AdapterSummary", "check_name", "default_store_root", "WEIGHTS_FILE"]
+__all__ = ["AdapterStore", "AdapterSummary", "check_name", "default_store_root", "is_peft_folder", "WEIGHTS_FILE"]

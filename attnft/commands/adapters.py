@@ -1,6 +1,8 @@
 """``attnft adapters {list,show,verify,delete,import,export,push,pull}``: manage the adapter store.
 
-Every command takes ``--store DIR`` (default ``$ATTNFT_STORE``, else ``./adapters``).
+Every command takes ``--store DIR`` (default ``$ATTNFT_STORE``, else ``./adapters``). Both
+formats of the store are handled: attnft's (freezing policies) and peft's (``lora``, ``ia3``);
+``export`` merges attnft adapters only.
 """
 import argparse
 import json
@@ -10,7 +12,7 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "adapters",
         help="list, check, delete, import and export stored adapters",
-        description="Manage a store of named attention adapters.",
+        description="Manage a store of named adapters (attnft's format and peft's).",
     )
     store = argparse.ArgumentParser(add_help=False)
     store.add_argument("--store", metavar="DIR", default=None, help="store folder (default: $ATTNFT_STORE or ./adapters)")
@@ -103,6 +105,9 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
+    if "targets" in info:  # peft's format
+        _print_peft_show(info)
+        return 0
     tensors = info.pop("tensors")
     labels = info.pop("label_names")
     for key, value in info.items():
@@ -114,6 +119,19 @@ def run_show(args: argparse.Namespace) -> int:
         part = f" rows/cols {region['start']}:{region['stop']} of dim {region['dim']}" if region else ""
         print(f"  {name:<40} {str(entry['shape']):<18} {entry['stored']:<6} {entry.get('role') or ''}{part}")
     return 0
+
+
+def _print_peft_show(info: dict) -> None:
+    targets = info.pop("targets")
+    heads = info.pop("head_modules")
+    labels = info.pop("label_names")
+    for key, value in info.items():
+        print(f"{key:<18} {value}")
+    print(f"{'label_names':<18} {len(labels) if labels else 0} names" + (f" ({', '.join(labels[:5])}, ...)" if labels else ""))
+    print(f"{'head_modules':<18} {', '.join(heads) or 'none (head frozen)'}")
+    print(f"{'targets':<18} {len(targets)}")
+    for name, role in targets.items():
+        print(f"  {name:<40} {role}")
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -160,9 +178,15 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    from ..errors import AdapterError
     from ..merge import export_adapter
 
     store = _store(args)
+    if store.format_of(args.name) == "peft":
+        raise AdapterError(
+            f"{args.name} is a peft adapter: export merges attnft adapters; load it with "
+            "PeftModel.from_pretrained(base, folder) and call merge_and_unload()"
+        )
     adapter = store.read(args.name)
     result = export_adapter(
         adapter, args.out, base_checkpoint=args.checkpoint, ignore_fingerprint=args.ignore_fingerprint, overwrite=args.overwrite

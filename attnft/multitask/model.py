@@ -7,6 +7,11 @@ Example::
     logits = model(images, task="cars")                      # (B, cars classes)
     outputs = model(images, tasks=["cars", "pets", "cars"])  # list: one (classes of its task,) tensor per sample
 
+peft adapters (``lora``, ``ia3`` policies) are served by
+:class:`attnft.peft_methods.PeftMultiTask`, which has the same calls: ``from_store`` and
+``from_adapters`` return one when every task is a peft adapter. One base serves one format; a
+set mixing the two is refused.
+
 Threads. A forward call (``model(x, task=...)``, ``model(x, tasks=...)``, and ``model(x)``
 after ``set_task``) mutates nothing shared: the task of a call is resolved once when it
 starts and lives in a context variable of the calling thread. Forward calls may therefore
@@ -18,7 +23,7 @@ a process-wide default: threads that serve different tasks should pass ``task=``
 from __future__ import annotations
 
 import os
-from typing import Iterable, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -26,10 +31,14 @@ from torch import nn
 from ..adapters import Adapter, compute_fingerprint, current_input_size, read_adapter
 from ..errors import AdapterError, BaseMismatchError, ConfigError
 from ..roles import RoleMap, build_role_map
+from ..store import is_peft_folder
 from . import routing
 from .routing import Group, Route
 from .slots import SlotMap, find_slots
 from .tasks import ServedTask, TaskWeights, build_served_task
+
+if TYPE_CHECKING:
+    from ..peft_methods import PeftMultiTask
 
 TaskSource = Union[TaskWeights, Adapter, str, os.PathLike, Mapping[str, torch.Tensor]]
 
@@ -56,16 +65,38 @@ class MultiTaskModel:
     # --- building -----------------------------------------------------------------------
 
     @classmethod
-    def from_adapters(cls, base_model: nn.Module, adapters: Mapping[str, TaskSource]) -> "MultiTaskModel":
-        """Serve each ``name -> adapter`` (an Adapter, an adapter folder, or TaskWeights) on ``base_model``."""
+    def from_adapters(cls, base_model: nn.Module, adapters: Mapping[str, TaskSource]) -> Union["MultiTaskModel", "PeftMultiTask"]:
+        """Serve each ``name -> adapter`` (an Adapter, an adapter folder, or TaskWeights) on ``base_model``.
+
+        When every adapter is a peft adapter (a folder, or its PeftAdapterInfo), a
+        :class:`attnft.peft_methods.PeftMultiTask` serves them; a mix of formats is an AdapterError.
+        """
+        peft_tasks = [name for name, source in adapters.items() if _is_peft_source(source)]
+        if peft_tasks:
+            _refuse_mixed_formats(peft_tasks, list(adapters))
+            from ..peft_methods import PeftMultiTask
+
+            folders = {name: s if isinstance(s, (str, os.PathLike)) else s.path for name, s in adapters.items()}
+            return PeftMultiTask.from_adapters(base_model, folders)
         model = cls(base_model)
         for name, source in adapters.items():
             model.add_task(name, source)
         return model
 
     @classmethod
-    def from_store(cls, store, names: Iterable[str], *, base_model: nn.Module) -> "MultiTaskModel":
-        """Serve the adapters ``names`` of an :class:`attnft.store.AdapterStore` on ``base_model``."""
+    def from_store(cls, store, names: Iterable[str], *, base_model: nn.Module) -> Union["MultiTaskModel", "PeftMultiTask"]:
+        """Serve the adapters ``names`` of an :class:`attnft.store.AdapterStore` on ``base_model``.
+
+        When every one is a peft adapter, a :class:`attnft.peft_methods.PeftMultiTask` (same
+        calls) serves them; a mix of formats is an AdapterError.
+        """
+        names = list(names)
+        peft_tasks = [name for name in names if store.format_of(name) == "peft"]
+        if peft_tasks:
+            _refuse_mixed_formats(peft_tasks, names)
+            from ..peft_methods import PeftMultiTask
+
+            return PeftMultiTask.from_store(store, names, base_model=base_model)
         return cls.from_adapters(base_model, {name: store.read(name) for name in names})
 
     @property
@@ -96,6 +127,11 @@ class MultiTaskModel:
     def _task_weights(self, name: str, source: TaskSource) -> TaskWeights:
         if isinstance(source, TaskWeights):
             return source
+        if _is_peft_source(source):
+            raise AdapterError(
+                f"task {name!r} is a peft adapter and this model serves attnft adapters: serve peft adapters "
+                "on their own base (PeftMultiTask, or from_store / from_adapters with peft adapters only)"
+            )
         if isinstance(source, (str, os.PathLike)):
             source = read_adapter(source)
         if isinstance(source, Adapter):
@@ -219,6 +255,28 @@ class MultiTaskModel:
 
     def __repr__(self) -> str:
         return f"MultiTaskModel({self.role_map.model_name}, tasks={self.tasks}, default={self._default!r})"
+
+
+def _is_peft_source(source: TaskSource) -> bool:
+    """Whether ``source`` is a peft adapter: a folder with attnft's sidecar, or its PeftAdapterInfo."""
+    if isinstance(source, (str, os.PathLike)):
+        return is_peft_folder(source)
+    if isinstance(source, (TaskWeights, Adapter, Mapping)):
+        return False
+    from ..peft_methods import PeftAdapterInfo  # loaded already if such an object exists
+
+    return isinstance(source, PeftAdapterInfo)
+
+
+def _refuse_mixed_formats(peft_tasks: list[str], tasks: list[str]) -> None:
+    """One base serves one format: attnft's routing swaps the classes of the attention and head
+    modules, peft wraps the same modules; the two cannot share them."""
+    attnft_tasks = [name for name in tasks if name not in peft_tasks]
+    if attnft_tasks:
+        raise AdapterError(
+            f"tasks {', '.join(attnft_tasks)} are attnft adapters and {', '.join(peft_tasks)} peft adapters: "
+            "one base serves one format; serve each format on its own copy of the base"
+        )
 
 
 def _tensors_of(module: nn.Module) -> list[torch.Tensor]:
