@@ -57,13 +57,15 @@ def _read_idx(path: str, magic: int) -> np.ndarray:
     except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
         raise DataError(f"corrupt or truncated Fashion-MNIST file {path}: {e}") from None
 
+    if len(data) < 4:
+        raise DataError(f"truncated Fashion-MNIST file {path}: {len(data)} bytes, no IDX header")
+    (found_magic,) = struct.unpack(">I", data[:4])
+    if found_magic != magic:
+        raise DataError(f"not an IDX file of the expected kind: {path} (magic 0x{found_magic:08x}, expected 0x{magic:08x})")
     ndim = magic & 0xFF
     header_size = 4 + 4 * ndim
     if len(data) < header_size:
         raise DataError(f"truncated Fashion-MNIST file {path}: {len(data)} bytes, no complete IDX header")
-    (found_magic,) = struct.unpack(">I", data[:4])
-    if found_magic != magic:
-        raise DataError(f"not an IDX file of the expected kind: {path} (magic 0x{found_magic:08x}, expected 0x{magic:08x})")
     shape = struct.unpack(f">{ndim}I", data[4:header_size])
     expected = header_size + int(np.prod(shape))
     if len(data) != expected:
