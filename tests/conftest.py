@@ -5,6 +5,8 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# idle OpenMP threads sleep instead of spinning against subprocesses the tests start (see attnft/cli.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 sys.path.insert(0, os.path.dirname(__file__))  # tiny_models helpers
 
