@@ -1,0 +1,108 @@
+"""``attnft eval``: top-1, top-5 and per-class accuracy of a model, or a model plus an adapter, as JSON.
+
+    attnft eval --adapter vit_fmnist_patch4_28-attn-fashion-mnist-56
+    attnft eval --model vit_small_patch16_384 --dataset cars --data-dir ~/cars --split test --output cars.json
+
+With an adapter, the model, resolution and eval transform default to the adapter's, so the
+numbers match those its fine-tuning run reported.
+"""
+import argparse
+import json
+import os
+import sys
+
+from ..config import DEFAULT_MODEL, EvalConfig, add_config_arguments, config_from_args
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "eval",
+        help="accuracy of a model or model + adapter on a dataset split (JSON)",
+        description="Top-1, top-5 and per-class accuracy of a model, or a model with an adapter from the store, "
+                    "on one split of a dataset, as JSON on stdout or in --output.",
+    )
+    add_config_arguments(parser, EvalConfig, recipe=False)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from accelerate import PartialState
+
+    config = config_from_args(EvalConfig, args)
+    report = evaluate_model(config)
+    if not PartialState().is_main_process:  # under torchrun / accelerate launch every process has the numbers
+        return 0
+    text = json.dumps(report, indent=2) + "\n"
+    if config.output:
+        tmp = f"{config.output}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, config.output)
+        print(f"top-1 {report['top1']:.2f}%  top-5 {report['top5']:.2f}%  -> {config.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def evaluate_model(cfg: EvalConfig) -> dict:
+    """Build the model (and load the adapter), load the split, evaluate; the JSON report as a dict."""
+    from torch.utils.data import DataLoader
+
+    from .. import bundled  # noqa: F401  registers the default model in timm
+    from ..adapters import load_adapter, read_adapter
+    from ..data import build_transforms, collate_skipping_failures, load_task, with_transform
+    from ..errors import ConfigError
+    from ..evaluate import evaluate
+    from ..models import create_model, data_config
+    from ..runner import new_accelerator
+    from ..store import AdapterStore
+
+    accelerator = new_accelerator(cpu=cfg.cpu, mixed_precision=cfg.precision)
+    if cfg.precision == "fp16" and accelerator.device.type == "cpu":
+        raise ConfigError("fp16 mixed precision needs a GPU; use --precision bf16 on the CPU")
+
+    adapter = None
+    if cfg.adapter is not None:
+        adapter = read_adapter(cfg.adapter) if os.path.isdir(cfg.adapter) else AdapterStore(cfg.store).read(cfg.adapter)
+    model_name = cfg.model or (adapter.config.model_name if adapter else DEFAULT_MODEL)
+    res = cfg.res or (adapter.config.input_size if adapter else None)
+
+    task = load_task(
+        cfg.dataset, data_dir=cfg.data_dir, image_key=cfg.image_key, label_key=cfg.label_key,
+        train_split=cfg.split, eval_split=cfg.split, max_eval=_max_eval(cfg),
+    )
+    model = create_model(model_name, checkpoint=cfg.checkpoint, img_size=res)
+    if adapter is not None:
+        load_adapter(model, adapter)
+        data_cfg = dict(adapter.config.data_config)
+        if cfg.res is not None or cfg.crop_pct is not None:
+            data_cfg = data_config(model, res, cfg.crop_pct if cfg.crop_pct is not None else data_cfg.get("crop_pct"))
+    else:
+        data_cfg = data_config(model, res, cfg.crop_pct)
+    if model.num_classes != task.num_classes:
+        raise ConfigError(f"{model_name} has {model.num_classes} classes, {task.name} has {task.num_classes}: "
+                          f"evaluate with the adapter trained on it (--adapter)")
+
+    transform = build_transforms(data_cfg, train=False)
+    loader = DataLoader(with_transform(task.eval, transform), batch_size=cfg.batch_size, shuffle=False,
+                        num_workers=cfg.workers, collate_fn=collate_skipping_failures)
+    model, loader = accelerator.prepare(model, loader)
+    result = evaluate(model, loader, task.label_names, accelerator, progress=sys.stderr.isatty())
+    return {
+        "model": model_name,
+        "adapter": str(adapter.path) if adapter is not None else None,
+        "dataset": task.name,
+        "source": task.source,
+        "split": cfg.split,  # None: the dataset's evaluation split
+        "input_size": int(data_cfg["input_size"][-1]),
+        **result.to_dict(),
+    }
+
+
+def _max_eval(cfg: EvalConfig):
+    # the default dataset is evaluated on the same subset finetune uses for it
+    from ..config import DEFAULT_DATASET_MAX_EVAL
+
+    if cfg.max_eval is None and cfg.dataset is None and cfg.data_dir is None:
+        return DEFAULT_DATASET_MAX_EVAL
+    return cfg.max_eval

@@ -1,0 +1,32 @@
+"""``attnft finetune``: train what a policy selects, end with an adapter in the store.
+
+    attnft finetune --policy attn --res 56                  # the bundled ViT on Fashion-MNIST at 2x
+    attnft finetune --recipe recipes/deit3_s_224_to_384_attn.yaml --data-dir ~/imagenet
+    torchrun --nproc_per_node 2 -m attnft finetune ... --cpu # DDP on the CPU (gloo)
+    accelerate launch --multi_gpu -m attnft finetune ...     # DDP on GPUs
+
+Every flag is a field of :class:`attnft.config.FinetuneConfig`; ``--recipe FILE`` fills them
+from YAML first.
+"""
+import argparse
+
+from ..config import FinetuneConfig, add_config_arguments, config_from_args
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "finetune",
+        help="fine-tune a ViT under a freezing policy (Accelerate: CPU, GPU, DDP, FSDP) into an adapter",
+        description="Fine-tune a pretrained ViT under a freezing policy, to a new resolution or a new dataset; "
+                    "the trained weights land in the adapter store. --batch-size is per process.",
+    )
+    add_config_arguments(parser, FinetuneConfig)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..runner import finetune
+
+    config = config_from_args(FinetuneConfig, args)
+    finetune(config)
+    return 0

@@ -1,0 +1,390 @@
+"""What a fine-tuning or evaluation run does, as typed data: defaults < recipe < command line.
+
+:class:`FinetuneConfig` and :class:`EvalConfig` are plain dataclasses. This module is the one
+place that parses: :func:`add_config_arguments` turns their fields into command-line flags
+(``batch_size`` -> ``--batch-size``), :func:`load_recipe` reads a YAML recipe (flat keys, the
+field names), and :func:`config_from_args` layers the two over the defaults, coerces types
+(YAML reads ``1e-5`` as a string) and validates. Every other module receives typed values.
+
+Kept free of torch / timm imports so that building the CLI stays fast; the augmentation
+fields mirror :class:`attnft.data.transforms.AugConfig` (a test keeps them in step) and
+:meth:`FinetuneConfig.aug_config` builds it.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .errors import ConfigError
+
+# registered in timm by `import attnft.bundled`; a string here so the CLI need not import timm
+DEFAULT_MODEL = "vit_fmnist_patch4_28"
+OPTIMIZERS = ("adamw", "sgd")  # timm names: "sgd" is SGD with Nesterov momentum
+PRECISIONS = ("no", "bf16", "fp16")
+# With no dataset a run is the quick demo: the bundled ViT on a subset of Fashion-MNIST, with a
+# light crop (a 28 px garment has little to crop away; the default 8-100% area costs ~7 points).
+# These apply where neither the recipe nor the command line sets the field.
+DEFAULT_TASK_SETTINGS = {"max_train": 5000, "max_eval": 1000, "scale": (0.8, 1.0)}
+DEFAULT_DATASET_MAX_EVAL = DEFAULT_TASK_SETTINGS["max_eval"]  # attnft eval scores the same subset
+TRACKERS = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive")
+
+
+def _opt(default: Any, help: str, *, choices: tuple | None = None, group: str = "",
+         metavar: str | None = None) -> Any:
+    """A config field with the help text (and choices, group, metavar) of its flag."""
+    return field(default=default, metadata={"help": help, "choices": choices, "group": group, "metavar": metavar})
+
+
+def _as_flags(settings: dict) -> str:
+    """{"max_train": 5000, "scale": (0.8, 1.0)} -> '--max-train 5000 --scale 0.8 1.0'."""
+    return " ".join(f"--{k.replace('_', '-')} " + " ".join(map(str, v if isinstance(v, tuple) else (v,)))
+                    for k, v in settings.items())
+
+
+MODEL, DATA, AUG, OPTIM, RUN, STORE = "model", "data", "augmentation", "optimisation", "run", "store"
+
+
+@dataclass
+class FinetuneConfig:
+    """One fine-tuning run. ``batch_size`` is per process: the global batch is
+    ``batch_size * processes * grad_accum``. Built through :meth:`from_dict` or the command
+    line without a dataset, it also takes :data:`DEFAULT_TASK_SETTINGS` (the quick demo)."""
+
+    # --- model
+    model: str = _opt(DEFAULT_MODEL, "timm name (optionally .tag), hf-hub:ORG/REPO or local-dir:PATH; "
+                      "default: the bundled Fashion-MNIST ViT", metavar="NAME", group=MODEL)
+    checkpoint: Optional[str] = _opt(None, "weights file for the model (.safetensors, or .pth read with weights_only)",
+                                     metavar="FILE", group=MODEL)
+    res: Optional[int] = _opt(None, "input resolution in pixels (default: the weights' own); position "
+                              "embeddings are resampled", group=MODEL)
+    crop_pct: Optional[float] = _opt(None, "eval centre-crop ratio (default: the model's)", group=MODEL)
+    policy: str = _opt("attn", "what trains: attn, ffn, full, head, edited as in 'attn+norm'", metavar="SPEC",
+                       group=MODEL)
+    drop_path: float = _opt(0.0, "stochastic depth rate", group=MODEL)
+    # --- data
+    dataset: Optional[str] = _opt(None, "preset, hub id (owner/name) or local folder; default: the Fashion-MNIST "
+                                  f"demo ({_as_flags(DEFAULT_TASK_SETTINGS)} unless given)", metavar="NAME|DIR",
+                                  group=DATA)
+    data_dir: Optional[str] = _opt(None, "where a preset's files are (a local copy of the data)", metavar="DIR",
+                                   group=DATA)
+    image_key: Optional[str] = _opt(None, "image column of a hub dataset", metavar="COLUMN", group=DATA)
+    label_key: Optional[str] = _opt(None, "label column of a hub dataset", metavar="COLUMN", group=DATA)
+    train_split: Optional[str] = _opt(None, "training split ('+' joins splits)", metavar="SPLIT", group=DATA)
+    eval_split: Optional[str] = _opt(None, "evaluation split", metavar="SPLIT", group=DATA)
+    streaming: Optional[bool] = _opt(None, "stream the training split instead of preparing it (needs --steps)",
+                                     group=DATA)
+    max_train: Optional[int] = _opt(None, "use a seeded random subset of this many training images", group=DATA)
+    max_eval: Optional[int] = _opt(None, "use a seeded random subset of this many evaluation images", group=DATA)
+    workers: int = _opt(2, "data loader worker processes per training process", group=DATA)
+    # --- augmentation: the fields of attnft.data.transforms.AugConfig, same names and defaults
+    auto_augment: Optional[str] = _opt(None, "timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1 (RandAugment)",
+                                       metavar="POLICY", group=AUG)
+    reprob: float = _opt(0.0, "random erasing probability", group=AUG)
+    remode: str = _opt("pixel", "random erasing fill: const, rand or pixel", metavar="MODE", group=AUG)
+    recount: int = _opt(1, "random erasing count", group=AUG)
+    color_jitter: float = _opt(0.0, "colour jitter factor (ignored under auto-augment)", group=AUG)
+    hflip: float = _opt(0.5, "horizontal flip probability", group=AUG)
+    vflip: float = _opt(0.0, "vertical flip probability", group=AUG)
+    scale: tuple[float, float] = _opt((0.08, 1.0), "random-resized-crop area range", group=AUG)
+    ratio: tuple[float, float] = _opt((3 / 4, 4 / 3), "random-resized-crop aspect range", group=AUG)
+    train_interpolation: Optional[str] = _opt(None, "training resize interpolation (default: the model's)",
+                                              metavar="MODE", group=AUG)
+    mixup: float = _opt(0.0, "mixup alpha (0: off)", group=AUG)
+    cutmix: float = _opt(0.0, "cutmix alpha (0: off)", group=AUG)
+    mixup_prob: float = _opt(1.0, "probability of mixing a batch", group=AUG)
+    mixup_switch_prob: float = _opt(0.5, "probability of cutmix rather than mixup when both are on", group=AUG)
+    mixup_mode: str = _opt("batch", "mixup per batch, pair or elem", choices=("batch", "pair", "elem"), group=AUG)
+    smoothing: float = _opt(0.1, "label smoothing", group=AUG)
+    # --- optimisation
+    epochs: int = _opt(1, "passes over the training split", group=OPTIM)
+    steps: Optional[int] = _opt(None, "stop after this many optimizer steps (the schedule spans them)",
+                                group=OPTIM)
+    batch_size: int = _opt(64, "images per process and step (global batch: x processes x grad_accum)",
+                           group=OPTIM)
+    grad_accum: int = _opt(1, "micro-batches accumulated per optimizer step", group=OPTIM)
+    optimizer: str = _opt("adamw", "adamw, or sgd (Nesterov momentum)", choices=OPTIMIZERS, group=OPTIM)
+    lr: float = _opt(5e-4, "peak learning rate, reached after the warmup", group=OPTIM)
+    min_lr: float = _opt(1e-6, "learning rate at the end of the cosine", group=OPTIM)
+    warmup_epochs: float = _opt(0.0, "linear warmup length in epochs (fractions allowed)", group=OPTIM)
+    weight_decay: float = _opt(0.05, "weight decay (never on biases, norms, position embeddings, tokens)",
+                               group=OPTIM)
+    momentum: float = _opt(0.9, "SGD momentum", group=OPTIM)
+    clip_grad: Optional[float] = _opt(None, "clip the gradient norm to this value", group=OPTIM)
+    # --- run
+    precision: str = _opt("no", "mixed precision: no, bf16, fp16 (GPU)", choices=PRECISIONS, group=RUN)
+    cpu: bool = _opt(False, "train on the CPU even if a GPU is present", group=RUN)
+    seed: int = _opt(0, "seed of initialisation, data order, augmentation and dropout", group=RUN)
+    output_dir: Optional[str] = _opt(None, "checkpoints, metrics.jsonl and logs (default: runs/NAME)", metavar="DIR",
+                                     group=RUN)
+    checkpoint_every: int = _opt(0, "save a resumable checkpoint every N optimizer steps (0: never)", group=RUN)
+    keep_checkpoints: int = _opt(2, "how many recent checkpoints to keep", group=RUN)
+    resume: bool = _opt(False, "continue from the latest checkpoint in the output dir (fresh start if none)",
+                        group=RUN)
+    eval_every: int = _opt(1, "evaluate every N epochs (the final evaluation always runs)", group=RUN)
+    eval_before: bool = _opt(True, "evaluate the base model before training", group=RUN)
+    log_every: int = _opt(10, "write training metrics every N optimizer steps", group=RUN)
+    log_with: Optional[str] = _opt(None, "Accelerate tracker(s), comma-separated, e.g. tensorboard",
+                                   metavar="TRACKERS", group=RUN)
+    progress: bool = _opt(True, "show progress bars", group=RUN)
+    recompute_ffn: bool = _opt(False, "recompute the frozen FFN in the backward pass (saves memory)", group=RUN)
+    grad_checkpointing: bool = _opt(False, "whole-block gradient checkpointing", group=RUN)
+    find_unused_parameters: bool = _opt(False, "DDP: look for trainable parameters without gradients "
+                                        "(only needed if a policy trains a weight the forward does not use)",
+                                        group=RUN)
+    # --- store
+    store: Optional[str] = _opt(None, "adapter store directory (default: $ATTNFT_STORE or ./adapters)",
+                                metavar="DIR", group=STORE)
+    name: Optional[str] = _opt(None, "adapter name (default: MODEL-POLICY-DATASET-RES)", metavar="NAME", group=STORE)
+    overwrite: bool = _opt(False, "replace an adapter of the same name and a previous run in the output dir",
+                           group=STORE)
+
+    def __post_init__(self) -> None:
+        _coerce_fields(self)
+        _require(self.batch_size >= 1, "batch_size must be at least 1")
+        _require(self.grad_accum >= 1, "grad_accum must be at least 1")
+        _require(self.epochs >= 1, "epochs must be at least 1")
+        _require(self.steps is None or self.steps >= 1, "steps must be at least 1")
+        _require(self.res is None or self.res >= 1, "res must be a positive number of pixels")
+        _require(self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}")
+        _require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
+        _require(self.lr > 0, "lr must be positive")
+        _require(0 <= self.min_lr <= self.lr, "min_lr must be between 0 and lr")
+        _require(self.warmup_epochs >= 0, "warmup_epochs must not be negative")
+        _require(self.weight_decay >= 0, "weight_decay must not be negative")
+        _require(0 <= self.smoothing < 1, "smoothing must be in [0, 1)")
+        _require(0 <= self.drop_path < 1, "drop_path must be in [0, 1)")
+        _require(self.mixup >= 0 and self.cutmix >= 0, "mixup and cutmix must not be negative")
+        _require(self.clip_grad is None or self.clip_grad > 0, "clip_grad must be positive")
+        _require(self.workers >= 0, "workers must not be negative")
+        _require(self.checkpoint_every >= 0, "checkpoint_every must not be negative")
+        _require(self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1")
+        _require(self.eval_every >= 0 and self.log_every >= 1, "eval_every must be >= 0 and log_every >= 1")
+        for tracker in self.trackers:
+            _require(tracker in TRACKERS, f"unknown tracker {tracker!r}; choose from {', '.join(TRACKERS)}")
+
+    @property
+    def trackers(self) -> list[str]:
+        return [t.strip() for t in (self.log_with or "").split(",") if t.strip()]
+
+    def aug_config(self):
+        """The augmentation fields as :class:`attnft.data.transforms.AugConfig`."""
+        from .data.transforms import AugConfig
+
+        return AugConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AugConfig)})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat and YAML-safe (tuples as lists): a recipe that reproduces the run."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> "FinetuneConfig":
+        return _from_dict(cls, values, source)
+
+
+# Fields that do not change the trained weights (augmentation is seeded per sample, so not even
+# the number of workers does): a resumed run may set them differently, but must agree on the rest.
+RUN_ONLY_FIELDS = frozenset({
+    "workers", "output_dir", "checkpoint_every", "keep_checkpoints", "resume", "log_every", "log_with",
+    "progress", "store", "name", "overwrite", "eval_before", "eval_every",
+})
+
+
+@dataclass
+class EvalConfig:
+    """One evaluation: a model, or a model plus an adapter, on one split of a dataset."""
+
+    model: Optional[str] = _opt(None, "timm name, hf-hub:ORG/REPO or local-dir:PATH (default: the adapter's "
+                                "base model, else the bundled Fashion-MNIST ViT)", metavar="NAME", group=MODEL)
+    checkpoint: Optional[str] = _opt(None, "weights file for the model", metavar="FILE", group=MODEL)
+    adapter: Optional[str] = _opt(None, "adapter name in the store, or an adapter directory", metavar="NAME|DIR",
+                                  group=MODEL)
+    store: Optional[str] = _opt(None, "adapter store directory (default: $ATTNFT_STORE or ./adapters)",
+                                metavar="DIR", group=MODEL)
+    res: Optional[int] = _opt(None, "input resolution (default: the adapter's, else the weights')", group=MODEL)
+    crop_pct: Optional[float] = _opt(None, "centre-crop ratio (default: the adapter's, else the model's)",
+                                     group=MODEL)
+    dataset: Optional[str] = _opt(None, "preset, hub id or local folder (default: Fashion-MNIST, the same "
+                                  f"{DEFAULT_DATASET_MAX_EVAL}-image test subset finetune evaluates on unless "
+                                  "--max-eval)", metavar="NAME|DIR", group=DATA)
+    data_dir: Optional[str] = _opt(None, "where a preset's files are", metavar="DIR", group=DATA)
+    image_key: Optional[str] = _opt(None, "image column of a hub dataset", metavar="COLUMN", group=DATA)
+    label_key: Optional[str] = _opt(None, "label column of a hub dataset", metavar="COLUMN", group=DATA)
+    split: Optional[str] = _opt(None, "split to evaluate (default: the dataset's evaluation split)",
+                                metavar="SPLIT", group=DATA)
+    max_eval: Optional[int] = _opt(None, "a seeded random subset of this many images (as in finetune)",
+                                   group=DATA)
+    batch_size: int = _opt(64, "images per batch", group=RUN)
+    workers: int = _opt(2, "data loader worker processes", group=RUN)
+    precision: str = _opt("no", "mixed precision: no, bf16, fp16 (GPU)", choices=PRECISIONS, group=RUN)
+    cpu: bool = _opt(False, "evaluate on the CPU even if a GPU is present", group=RUN)
+    output: Optional[str] = _opt(None, "write the JSON here instead of stdout", metavar="FILE", group=RUN)
+
+    def __post_init__(self) -> None:
+        _coerce_fields(self)
+        _require(self.batch_size >= 1, "batch_size must be at least 1")
+        _require(self.res is None or self.res >= 1, "res must be a positive number of pixels")
+        _require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
+        _require(self.workers >= 0, "workers must not be negative")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> "EvalConfig":
+        return _from_dict(cls, values, source)
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, config_cls: type, recipe: bool = True) -> None:
+    """One flag per field of ``config_cls`` (``--field-name``), grouped, plus ``--recipe FILE``.
+
+    Flags default to "not given" so that :func:`config_from_args` can tell an explicit value
+    from a default and let it override the recipe.
+    """
+    if recipe:
+        parser.add_argument("--recipe", metavar="FILE", help="YAML file of field: value (flags override it)")
+    hints = typing.get_type_hints(config_cls)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in dataclasses.fields(config_cls):
+        name = f.metadata.get("group") or "options"
+        if name not in groups:
+            groups[name] = parser.add_argument_group(name)
+        kind, optional = _base_type(hints[f.name])
+        flag = "--" + f.name.replace("_", "-")
+        default_text = _default_text(f)
+        help_text = f.metadata.get("help", "") + (f" (default: {default_text})" if default_text else "")
+        common = dict(dest=f.name, default=argparse.SUPPRESS, help=help_text)
+        if kind is bool:
+            groups[name].add_argument(flag, action=argparse.BooleanOptionalAction, **common)
+        elif kind is tuple:
+            groups[name].add_argument(flag, nargs=2, type=float, metavar=("LOW", "HIGH"), **common)
+        else:
+            metavar = f.metadata.get("metavar") or ("N" if kind is int else "X" if kind is float else None)
+            groups[name].add_argument(flag, type=kind, choices=f.metadata.get("choices"), metavar=metavar, **common)
+
+
+def config_from_args(config_cls: type, args: argparse.Namespace):
+    """``config_cls`` from its defaults, then ``args.recipe`` (if any), then the flags given."""
+    values: dict[str, Any] = {}
+    source = "command line"
+    recipe = getattr(args, "recipe", None)
+    if recipe:
+        values.update(load_recipe(recipe, config_cls))
+        source = f"recipe {recipe} or the command line"
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    values.update({k: v for k, v in vars(args).items() if k in names})
+    return _from_dict(config_cls, values, source)
+
+
+def load_recipe(path: str, config_cls: type = FinetuneConfig) -> dict[str, Any]:
+    """The key: value pairs of a YAML recipe, checked against the fields of ``config_cls``."""
+    import yaml
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"recipe {path} not found")
+    try:
+        with open(path) as f:
+            values = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {path} is not valid YAML: {' '.join(str(e).split())}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"recipe {path} must be a mapping of field: value, found {type(values).__name__}")
+    _check_keys(config_cls, values, f"recipe {path}")
+    return values
+
+
+def _from_dict(config_cls: type, values: dict[str, Any], source: str):
+    _check_keys(config_cls, values, source)
+    if config_cls is FinetuneConfig and values.get("dataset") is None and values.get("data_dir") is None:
+        values = {**DEFAULT_TASK_SETTINGS, **values}
+    try:
+        return config_cls(**values)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (in {source})") from None
+
+
+def _check_keys(config_cls: type, values: dict[str, Any], source: str) -> None:
+    names = [f.name for f in dataclasses.fields(config_cls)]
+    for key in values:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown key {key!r} in {source}{hint}")
+
+
+def _base_type(hint) -> tuple[type, bool]:
+    """(int, True) for Optional[int]; tuple for tuple[float, float]."""
+    optional = False
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional, hint = True, args[0]
+    origin = typing.get_origin(hint)
+    return (origin if origin is not None else hint), optional
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    if f.default is dataclasses.MISSING or f.default is None or isinstance(f.default, bool):
+        return ""
+    if isinstance(f.default, tuple):
+        return " ".join(f"{v:g}" for v in f.default)
+    return str(f.default)
+
+
+def _coerce_fields(config) -> None:
+    """Give every field its declared type: YAML reads ``1e-5`` as a string and ``1`` where a float is meant."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        kind, optional = _base_type(hints[f.name])
+        if value is None:
+            if not optional:
+                raise ConfigError(f"{f.name} must not be empty")
+            continue
+        setattr(config, f.name, _coerce(f.name, value, kind))
+
+
+def _coerce(name: str, value: Any, kind: type) -> Any:
+    try:
+        if kind is bool:
+            if isinstance(value, str) and value.lower() in ("true", "yes", "1", "false", "no", "0"):
+                return value.lower() in ("true", "yes", "1")
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
+        if kind is tuple:
+            if not isinstance(value, (list, tuple)) or len(value) != 2:
+                raise ValueError
+            return tuple(float(v) for v in value)
+        if kind is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if kind is str:
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise ValueError
+            return str(value)
+    except (TypeError, ValueError):
+        pass
+    else:
+        return value
+    expected = {tuple: "two numbers", bool: "true or false"}.get(kind, kind.__name__)
+    raise ConfigError(f"{name} must be {expected}, got {value!r}")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)

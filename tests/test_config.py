@@ -1,0 +1,125 @@
+"""Configuration: defaults < recipe < command line, typed and checked in one place; every recipe loads."""
+import argparse
+import dataclasses
+import glob
+import os
+
+import pytest
+
+from attnft.config import (
+    DEFAULT_MODEL,
+    FinetuneConfig,
+    EvalConfig,
+    add_config_arguments,
+    config_from_args,
+    load_recipe,
+)
+from attnft.errors import ConfigError
+
+RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+
+
+def parse(argv, config_cls=FinetuneConfig):
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, config_cls)
+    return config_from_args(config_cls, parser.parse_args(argv))
+
+
+def test_flags_with_a_dataset_give_the_dataclass_defaults():
+    assert parse(["--dataset", "cars"]) == FinetuneConfig(dataset="cars")
+    assert parse([], EvalConfig) == EvalConfig()
+
+
+def test_no_dataset_means_the_quick_demo_settings_unless_given(tmp_path):
+    demo = parse([])
+    assert (demo.dataset, demo.max_train, demo.max_eval, demo.scale) == (None, 5000, 1000, (0.8, 1.0))
+    assert demo.model == DEFAULT_MODEL
+    assert parse(["--max-train", "200"]).max_train == 200
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("max_train: null\n")  # the recipe asks for all of it
+    assert parse(["--recipe", str(recipe)]).max_train is None
+
+
+def test_every_field_is_a_dashed_flag_with_its_type():
+    config = parse(["--batch-size", "16", "--lr", "3e-4", "--res", "384", "--policy", "attn+norm",
+                    "--scale", "0.5", "1.0", "--recompute-ffn", "--no-eval-before", "--max-train", "100"])
+    assert (config.batch_size, config.lr, config.res, config.policy) == (16, 3e-4, 384, "attn+norm")
+    assert config.scale == (0.5, 1.0) and config.recompute_ffn and not config.eval_before
+    assert config.max_train == 100
+
+
+def test_recipe_values_override_defaults_and_flags_override_the_recipe(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("lr: 1e-5        # YAML reads this as a string\nepochs: 20\nmixup: 0.8\nscale: [0.3, 1]\n")
+    config = parse(["--recipe", str(recipe), "--epochs", "3"])
+    assert config.lr == 1e-5 and isinstance(config.lr, float)
+    assert config.epochs == 3  # the flag wins
+    assert config.mixup == 0.8 and config.scale == (0.3, 1.0)
+    assert config.batch_size == FinetuneConfig().batch_size  # neither: the default
+
+
+def test_unknown_recipe_key_names_the_close_field(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("batchsize: 8\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'batchsize'.*did you mean 'batch_size'"):
+        load_recipe(str(recipe))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("lr: fast\n", "lr must be float"),
+    ("epochs: 1.5\n", "epochs must be int"),
+    ("optimizer: lamb\n", "optimizer must be one of adamw, sgd"),
+    ("smoothing: 1.0\n", "smoothing must be in"),
+    ("- a list\n", "must be a mapping"),
+    ("lr: [1\n", "not valid YAML"),
+    ("log_with: neptune\n", "unknown tracker 'neptune'"),
+])
+def test_bad_recipe_values_are_config_errors_naming_the_field(tmp_path, text, message):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        parse(["--recipe", str(recipe)])
+
+
+def test_missing_recipe_is_a_config_error():
+    with pytest.raises(ConfigError, match="not found"):
+        parse(["--recipe", "/no/such/recipe.yaml"])
+
+
+def test_to_dict_round_trips_as_a_recipe(tmp_path):
+    import yaml
+
+    config = FinetuneConfig(dataset="cifar10", lr=2e-5, res=384, mixup=0.8, scale=(0.2, 1.0), log_with="tensorboard")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config.to_dict()))
+    assert FinetuneConfig.from_dict(load_recipe(str(path))) == config
+
+
+def test_augmentation_fields_mirror_aug_config_names_and_defaults():
+    from attnft.data import AugConfig
+
+    ours = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)}
+    for f in dataclasses.fields(AugConfig):
+        assert f.name in ours, f"AugConfig.{f.name} has no FinetuneConfig field"
+        assert ours[f.name] == pytest.approx(f.default) if isinstance(f.default, (float, tuple)) \
+            else ours[f.name] == f.default, f.name
+    assert FinetuneConfig(mixup=0.8, auto_augment="rand-m9").aug_config() == AugConfig(mixup=0.8, auto_augment="rand-m9")
+
+
+@pytest.mark.parametrize("path", sorted(p for p in glob.glob(os.path.join(RECIPES, "*.yaml"))
+                                        if not os.path.basename(p).startswith("pretrain_fmnist")))
+def test_every_recipe_loads_into_a_valid_config_and_names_its_source(path):
+    config = FinetuneConfig.from_dict(load_recipe(path), source=path)
+    assert config.policy in ("attn", "ffn", "full")
+    with open(path) as f:
+        text = f.read()
+    assert "# source:" in text.lower(), f"{path} does not name the recipe it follows"
+
+
+def test_recipes_cover_resolution_and_transfer_settings_of_the_paper():
+    names = {os.path.basename(p) for p in glob.glob(os.path.join(RECIPES, "*.yaml"))}
+    for size in ("s", "b", "l"):
+        for policy in ("attn", "ffn", "full"):
+            assert f"vit_{size}_224_to_384_{policy}.yaml" in names
+    for task in ("cifar10", "cifar100", "cars", "flowers102", "inat2018", "inat2019"):
+        assert any(name.startswith(f"transfer_{task}_") for name in names), task

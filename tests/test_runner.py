@@ -1,0 +1,349 @@
+"""attnft finetune: end to end into the store, what it prints and logs, and bad input refused cleanly.
+
+Tiny ViT saved as a timm ``local-dir:`` model, tiny image folders of coloured noise; one
+torch thread (2 shared cores: more threads only contend).
+"""
+import json
+import math
+import os
+import shutil
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from attnft.cli import main
+from attnft.config import FinetuneConfig
+from attnft.runner import MetricsLog, default_adapter_name, finetune, warmup_cosine_schedule
+
+TINY_ARGS = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+COLORS = {"red": (200, 40, 40), "green": (40, 200, 40), "blue": (40, 40, 200), "grey": (128, 128, 128)}
+
+
+# ---- helpers shared by test_eval, test_resume and test_ddp ------------------------------------
+
+def write_tiny_model(directory, num_classes: int = 3, seed: int = 0) -> str:
+    """A random tiny ViT (32 px, 8 px patches) saved as timm's local-dir layout; returns its model name."""
+    import timm
+    from timm.models._hub import save_for_hf
+
+    torch.manual_seed(seed)
+    model = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=num_classes, **TINY_ARGS)
+    save_for_hf(model, str(directory), model_args=dict(TINY_ARGS, num_classes=num_classes))
+    return f"local-dir:{directory}"
+
+
+def write_color_folder(root, classes=("red", "green", "blue"), train_per_class: int = 16,
+                       eval_per_class: int = 6, size: int = 32, seed: int = 0) -> str:
+    """root/train|val/<class>/<i>.png: noisy images of the class colour (learnable in a few steps)."""
+    rng = np.random.default_rng(seed)
+    for split, count in (("train", train_per_class), ("val", eval_per_class)):
+        for name in classes:
+            os.makedirs(os.path.join(root, split, name), exist_ok=True)
+            for i in range(count):
+                pixels = np.array(COLORS[name]) + rng.normal(0, 50, (size, size, 3))
+                Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(os.path.join(root, split, name, f"{i}.png"))
+    return str(root)
+
+
+def finetune_args(model: str, data: str, tmp_path, *extra: str) -> list[str]:
+    """Flags of a quick, quiet run writing only under tmp_path."""
+    return ["finetune", "--model", model, "--dataset", data, "--store", str(tmp_path / "store"),
+            "--output-dir", str(tmp_path / "run"), "--batch-size", "8", "--workers", "0", "--no-progress",
+            "--lr", "2e-3", "--warmup-epochs", "0", *extra]
+
+
+def subprocess_env(tmp_path) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               HF_DATASETS_CACHE=str(tmp_path / "hf-cache"), PYTHONPATH=_repo_root())
+    env.pop("ATTNFT_STORE", None)
+    return env
+
+
+def _repo_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def one_thread_and_private_caches(tmp_path, monkeypatch):
+    """One torch thread (fast and deterministic here); Arrow caches under tmp_path; never the hub;
+    no `datasets` progress bars, so that stderr holds only what attnft says."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    datasets.disable_progress_bars()
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.delenv("ATTNFT_STORE", raising=False)
+    yield
+    torch.set_num_threads(threads)
+    datasets.enable_progress_bars()
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """(model name, image folder) of 3 classes: 48 train / 18 eval images."""
+    return write_tiny_model(tmp_path / "model"), write_color_folder(tmp_path / "colors")
+
+
+# ---- end to end --------------------------------------------------------------------------------
+
+def test_finetune_saves_an_adapter_that_attnft_eval_scores_exactly_as_the_run_reported(tiny, tmp_path, capsys):
+    model, data = tiny
+    assert main(finetune_args(model, data, tmp_path, "--res", "48", "--epochs", "3", "--name", "colors")) == 0
+    printed = capsys.readouterr().out
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["adapter_path"] == str(tmp_path / "store" / "colors")
+    assert result["accuracy_after"] > 90.0  # colours are easy; the run did learn
+
+    assert main(["eval", "--adapter", "colors", "--store", str(tmp_path / "store"), "--dataset", data,
+                 "--workers", "0", "--batch-size", "8", "--output", str(tmp_path / "eval.json")]) == 0
+    evaluated = json.loads((tmp_path / "eval.json").read_text())
+    assert evaluated["top1"] == result["accuracy_after"]
+    assert evaluated["per_class"] == result["final_eval"]["per_class"]
+    assert evaluated["loss"] == pytest.approx(result["final_eval"]["loss"], rel=1e-6)
+    assert evaluated["input_size"] == 48 and evaluated["num_samples"] == 18
+    assert f"accuracy after:  {result['accuracy_after']:.2f}%" in printed
+    assert f"adapter saved:   {result['adapter_path']}" in printed
+
+
+def test_with_no_model_or_dataset_the_bundled_vit_is_fine_tuned_on_fashion_mnist(tmp_path, capsys):
+    """The quick demo, `attnft finetune --policy attn --res 56`, cut to a few steps."""
+    from attnft.bundled import WEIGHTS_PATH
+
+    if not os.path.isfile(WEIGHTS_PATH):
+        pytest.skip("the bundled weights are not built yet")
+    store = str(tmp_path / "store")
+    assert main(["finetune", "--policy", "attn", "--res", "56", "--store", store, "--output-dir", str(tmp_path / "run"),
+                 "--max-train", "128", "--max-eval", "64", "--batch-size", "32", "--workers", "0",
+                 "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "Fashion-MNIST" in printed and "input 56 px" in printed
+    name = "vit_fmnist_patch4_28-attn-fashion-mnist-56"
+    assert f"adapter saved:   {os.path.join(store, name)}" in printed
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["accuracy_before"] is not None and not result["new_head"]
+    assert main(["eval", "--adapter", name, "--store", store, "--max-eval", "64", "--batch-size", "32",
+                 "--workers", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["top1"] == result["accuracy_after"]
+
+
+def test_finetune_prints_accuracy_before_and_adapter_size_against_the_full_checkpoint(tiny, tmp_path, capsys):
+    model, data = tiny
+    assert main(finetune_args(model, data, tmp_path, "--steps", "2")) == 0
+    printed = capsys.readouterr().out
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["accuracy_before"] is not None
+    assert f"accuracy before: {result['accuracy_before']:.2f}% (base at 32 px)" in printed
+    assert 0 < result["adapter_bytes"] < result["full_checkpoint_bytes"]
+    assert "adapter size:" in printed and "vs full checkpoint" in printed
+    # attn: attention + head + pos_embed of a 2-block ViT of width 32
+    assert result["trainable_params"] == 2 * (32 * 96 + 96 + 32 * 32 + 32) + (32 * 3 + 3) + 17 * 32
+
+
+def test_a_dataset_with_other_classes_gets_a_new_head_and_no_accuracy_before(tmp_path, capsys):
+    model = write_tiny_model(tmp_path / "model", num_classes=3)
+    data = write_color_folder(tmp_path / "four", classes=("red", "green", "blue", "grey"), train_per_class=4,
+                              eval_per_class=2)
+    assert main(finetune_args(model, data, tmp_path, "--steps", "2")) == 0
+    printed = capsys.readouterr().out
+    assert "accuracy before: n/a: new head" in printed
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["accuracy_before"] is None
+    config = json.loads((tmp_path / "store" / "model-attn-four-32" / "adapter_config.json").read_text())
+    assert config["num_classes"] == 4 and config["label_names"] == ["blue", "green", "grey", "red"]
+
+
+def test_metrics_jsonl_logs_loss_accuracy_lr_and_throughput_every_n_steps(tiny, tmp_path):
+    model, data = tiny
+    assert main(finetune_args(model, data, tmp_path, "--epochs", "2", "--log-every", "2")) == 0
+    records = MetricsLog(tmp_path / "run" / "metrics.jsonl").read()
+    training = [r for r in records if "loss" in r]
+    assert [r["step"] for r in training] == [2, 4, 6, 8, 10, 12]
+    assert all(r["images_per_s"] > 0 and 0 <= r["train_acc"] <= 100 and r["lr"] > 0 for r in training)
+    evals = [r for r in records if "eval_top1" in r]
+    assert evals[0].get("before_training") and evals[-1].get("final")
+    assert [r["step"] for r in evals] == [0, 6, 12]  # before, end of epoch 0, final
+
+
+def test_schedule_warms_up_linearly_then_follows_the_cosine_to_min_lr():
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=1.0)
+    schedule = warmup_cosine_schedule(optimizer, warmup_steps=4, total_steps=14, min_ratio=0.1)
+    lrs = []
+    for _ in range(14):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert lrs[4] == pytest.approx(1.0)
+    assert lrs[9] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+def test_optimizer_holds_only_trainable_weights_and_decays_no_bias_norm_or_pos_embed(tiny, tmp_path, monkeypatch):
+    import timm.optim
+
+    captured = {}
+    real = timm.optim.create_optimizer_v2
+
+    def spy(model, **kwargs):
+        captured["optimizer"] = optimizer = real(model, **kwargs)
+        captured["names"] = {id(p): n for n, p in model.named_parameters()}
+        return optimizer
+
+    monkeypatch.setattr(timm.optim, "create_optimizer_v2", spy)
+    model, data = tiny
+    assert main(finetune_args(model, data, tmp_path, "--steps", "1", "--weight-decay", "0.05")) == 0
+    names = captured["names"]
+    groups = {g["weight_decay"]: {names[id(p)] for p in g["params"]} for g in captured["optimizer"].param_groups}
+    assert groups[0.05] == {"blocks.0.attn.qkv.weight", "blocks.0.attn.proj.weight", "blocks.1.attn.qkv.weight",
+                            "blocks.1.attn.proj.weight", "head.weight"}
+    assert "pos_embed" in groups[0.0] and "head.bias" in groups[0.0]
+    assert not any("mlp" in n or "norm" in n or "patch_embed" in n for g in groups.values() for n in g)
+
+
+def test_gradient_accumulation_of_two_half_batches_follows_the_full_batch(tiny, tmp_path):
+    model, data = tiny
+    common = dict(model=model, dataset=data, store=str(tmp_path / "store"), workers=0, progress=False,
+                  log_every=1, steps=6, lr=2e-3, eval_before=False)
+    finetune(FinetuneConfig(**common, batch_size=8, output_dir=str(tmp_path / "full"), name="full"))
+    finetune(FinetuneConfig(**common, batch_size=4, grad_accum=2, output_dir=str(tmp_path / "accum"), name="accum"))
+    full = [r["loss"] for r in MetricsLog(tmp_path / "full" / "metrics.jsonl").read() if "loss" in r]
+    accum = [r["loss"] for r in MetricsLog(tmp_path / "accum" / "metrics.jsonl").read() if "loss" in r]
+    assert len(full) == len(accum) == 6
+    assert full == pytest.approx(accum, abs=1e-5)
+
+
+def test_heavy_augmentation_mixup_drop_path_bf16_and_ffn_recompute_run(tiny, tmp_path):
+    model, data = tiny
+    assert main(finetune_args(model, data, tmp_path, "--steps", "3", "--mixup", "0.8", "--cutmix", "1.0",
+                              "--auto-augment", "rand-m9-mstd0.5", "--reprob", "0.25", "--drop-path", "0.1",
+                              "--precision", "bf16", "--recompute-ffn", "--optimizer", "sgd", "--clip-grad", "1.0",
+                              "--no-eval-before")) == 0
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["steps"] == 3 and math.isfinite(result["final_eval"]["loss"])
+
+
+def test_tensorboard_tracker_writes_event_files_on_request(tiny, tmp_path):
+    pytest.importorskip("tensorboard")
+    model, data = tiny
+    assert main(finetune_args(model, data, tmp_path, "--steps", "2", "--log-every", "1", "--log-with",
+                              "tensorboard", "--no-eval-before")) == 0
+    events = [f for _, _, files in os.walk(tmp_path / "run") for f in files if f.startswith("events.out.tfevents")]
+    assert events
+
+
+def test_default_adapter_name_is_model_policy_dataset_resolution():
+    assert default_adapter_name("vit_small_patch16_224.augreg_in1k", "attn", "cars", 384) == \
+        "vit_small_patch16_224.augreg_in1k-attn-cars-384"
+    assert default_adapter_name("hf-hub:timm/vit_base_patch16_224", "attn+norm@8-11", "owner/set", 224) == \
+        "vit_base_patch16_224-attn_norm_b8-11-owner-set-224"
+    assert default_adapter_name("local-dir:/models/mine/", "attn-pos_embed", "flowers102", 224) == \
+        "mine-attn_no_pos_embed-flowers102-224"
+
+
+# ---- bad input: one line, exit 2, nothing written -----------------------------------------------
+
+def _fails_cleanly(capsys, argv, *, words, untouched):
+    """Exit code 2, one line on stderr containing ``words``, and no file under ``untouched`` changed."""
+    untouched = [untouched] if not isinstance(untouched, list) else untouched
+    before = _snapshot(untouched)
+    capsys.readouterr()  # forget what the setup printed
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnft: error:") and "\n" not in err, err
+    for word in words:
+        assert word in err, err
+    assert _snapshot(untouched) == before
+
+
+def _snapshot(roots) -> dict:
+    found = {}
+    for directory, _, files in (walked for root in roots for walked in os.walk(root)):
+        for name in files:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as f:
+                found[path] = f.read()
+    return found
+
+
+@pytest.fixture
+def previous_run(tiny, tmp_path):
+    """A finished run and its adapter: the files that a refused command must leave alone."""
+    model, data = tiny
+    assert main(finetune_args(model, data, tmp_path, "--steps", "1", "--no-eval-before", "--name", "kept")) == 0
+    return model, data
+
+
+def test_unknown_dataset_is_refused(previous_run, tmp_path, capsys):
+    model, _ = previous_run
+    _fails_cleanly(capsys, finetune_args(model, "no-such-preset", tmp_path, "--overwrite", "--name", "kept"),
+                   words=["unknown dataset", "no-such-preset"], untouched=tmp_path / "run")
+
+
+def test_folder_without_images_is_refused(previous_run, tmp_path, capsys):
+    model, _ = previous_run
+    empty = tmp_path / "empty"
+    (empty / "train" / "cat").mkdir(parents=True)
+    (empty / "train" / "cat" / "notes.txt").write_text("no images here")
+    _fails_cleanly(capsys, finetune_args(model, str(empty), tmp_path, "--overwrite", "--name", "kept"),
+                   words=["no images"], untouched=[tmp_path / "run", tmp_path / "store"])
+
+
+def test_missing_label_column_is_refused(previous_run, tmp_path, capsys):
+    model, _ = previous_run
+    saved = tmp_path / "saved"
+    rows = datasets.Dataset.from_dict({"image": [Image.new("RGB", (32, 32))] * 4, "tag": ["a", "b", "a", "b"]},
+                                      features=datasets.Features({"image": datasets.Image(),
+                                                                  "tag": datasets.Value("string")}))
+    datasets.DatasetDict({"train": rows, "test": rows}).save_to_disk(str(saved))
+    _fails_cleanly(capsys, finetune_args(model, str(saved), tmp_path, "--label-key", "label", "--overwrite",
+                                         "--name", "kept"),
+                   words=["label column", "'label'"], untouched=tmp_path / "run")
+
+
+def test_resolution_not_divisible_by_the_patch_size_is_refused(previous_run, tmp_path, capsys):
+    model, data = previous_run
+    _fails_cleanly(capsys, finetune_args(model, data, tmp_path, "--res", "50", "--overwrite", "--name", "kept"),
+                   words=["50"], untouched=tmp_path / "run")
+
+
+def test_batch_larger_than_the_dataset_is_refused(previous_run, tmp_path, capsys):
+    model, data = previous_run
+    argv = finetune_args(model, data, tmp_path, "--overwrite", "--name", "kept")
+    argv[argv.index("--batch-size") + 1] = "64"
+    _fails_cleanly(capsys, argv, words=["batch size 64", "48 samples"], untouched=tmp_path / "run")
+
+
+def test_hub_model_while_offline_is_refused(previous_run, tmp_path, capsys, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    _, data = previous_run
+    _fails_cleanly(capsys, finetune_args("hf-hub:someone/not-cached-vit", data, tmp_path, "--overwrite",
+                                         "--name", "kept"),
+                   words=["hf-hub:someone/not-cached-vit"], untouched=tmp_path / "run")
+
+
+def test_existing_adapter_name_is_refused_before_training(previous_run, tmp_path, capsys):
+    model, data = previous_run
+    shutil.rmtree(tmp_path / "run")  # only the store stands in the way
+    _fails_cleanly(capsys, finetune_args(model, data, tmp_path, "--name", "kept"),
+                   words=["'kept'", "--overwrite"], untouched=[tmp_path / "store"])
+    assert not (tmp_path / "run").exists()
+
+
+def test_output_dir_of_another_run_is_refused_without_resume_or_overwrite(previous_run, tmp_path, capsys):
+    model, data = previous_run
+    _fails_cleanly(capsys, finetune_args(model, data, tmp_path, "--name", "other"),
+                   words=["--resume", "--overwrite"], untouched=[tmp_path / "run", tmp_path / "store"])
+
+
+def test_unknown_recipe_key_is_refused(previous_run, tmp_path, capsys):
+    model, data = previous_run
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("lr: 1e-4\nlearning_rate: 1e-4\n")
+    _fails_cleanly(capsys, finetune_args(model, data, tmp_path, "--recipe", str(recipe)),
+                   words=["learning_rate"], untouched=tmp_path / "run")
