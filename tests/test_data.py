@@ -388,3 +388,15 @@ def test_mixup_is_off_by_default_and_mixes_odd_batches_when_on():
     assert images.shape == (5, 3, 8, 8) and targets.shape == (5, 5)
     assert torch.allclose(targets.sum(dim=1), torch.ones(5))
     assert targets[-1].argmax() == 4 and targets[-1].max() == pytest.approx(0.9 + 0.1 / 5)
+
+
+def test_randaugment_posterize_to_zero_bits_does_not_crash():
+    """DeiT's rand-m9-mstd0.5-inc1 can posterize to 0 bits, which Pillow 13 refuses."""
+    from PIL import Image
+    from timm.data.auto_augment import AugmentOp
+
+    import attnft.data.transforms  # noqa: F401  installs the fix
+
+    op = AugmentOp("PosterizeIncreasing", prob=1.0, magnitude=10)  # level 10 -> 0 bits kept
+    out = op(Image.new("RGB", (8, 8), (200, 100, 50)))
+    assert out.getpixel((0, 0)) == (0, 0, 0)

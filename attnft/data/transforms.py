@@ -9,11 +9,32 @@ from dataclasses import dataclass
 
 import torch
 from timm.data import Mixup as TimmMixup
-from timm.data import create_transform
+from timm.data import auto_augment, create_transform
 from timm.data.mixup import mixup_target
 from torch.utils.data import Dataset, IterableDataset
 
 from .images import ImageClassificationDataset, ImageClassificationIterable
+
+
+def _posterize(img, bits_to_keep, **kwargs):
+    """timm's posterize, also for 0 bits: RandAugment's ``inc1`` levels reach 0, which
+    Pillow 13 refuses; older Pillow returned a black image, and so do we."""
+    if bits_to_keep <= 0:
+        from PIL import Image
+
+        return Image.new(img.mode, img.size)
+    return _timm_posterize(img, bits_to_keep, **kwargs)
+
+
+def _patch_timm_posterize() -> None:
+    global _timm_posterize
+    if auto_augment.NAME_TO_OP["PosterizeIncreasing"] is not _posterize:
+        _timm_posterize = auto_augment.posterize
+        for name in ("Posterize", "PosterizeIncreasing", "PosterizeOriginal"):
+            auto_augment.NAME_TO_OP[name] = _posterize
+
+
+_patch_timm_posterize()
 
 
 @dataclass
