@@ -558,8 +558,12 @@ def save_peft_adapter(
     overwrite: bool = False,
     label_names: Optional[list[str]] = None,
     metadata: Optional[dict] = None,
+    model_name: Optional[str] = None,
 ) -> PeftAdapterInfo:
     """Save ``peft_model``'s adapter as folder ``path``: peft's two files plus ``attnft.json``.
+
+    ``model_name`` is how to create the base again (e.g. ``local-dir:PATH``); by default the
+    base's timm name.
 
     Plain ``PeftModel.from_pretrained(base, path)`` loads it. The folder appears whole or not
     at all (:func:`attnft.adapters.write_directory_atomically`); an existing one is replaced
@@ -576,7 +580,7 @@ def save_peft_adapter(
         "format_version": SIDECAR_VERSION,
         "method": report.policy.method,
         "policy": report.policy.name,
-        "model_name": base_model_name(base),
+        "model_name": model_name or base_model_name(base),
         "model_args": base_model_args(base),
         "input_size": size,
         "num_classes": num_classes,

@@ -118,7 +118,15 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
 
     # --- 1. everything a user can get wrong, before any file is written (model typos first: cheap)
     _check_runtime(cfg, accelerator)
-    policy = resolve_policy(cfg.policy)
+    peft_method = _is_peft_spec(cfg.policy)  # lora, ia3: peft's methods on the role map's modules
+    if peft_method:
+        from .peft_methods import PeftPolicy
+
+        if accelerator.distributed_type == DistributedType.FSDP:
+            raise ConfigError(f"--policy {cfg.policy} (peft) is not supported under FSDP yet: use DDP")
+        policy = PeftPolicy.parse(cfg.policy)
+    else:
+        policy = resolve_policy(cfg.policy)
     model = create_model(cfg.model, checkpoint=cfg.checkpoint, img_size=cfg.res, drop_path_rate=cfg.drop_path)
     task = load_task(
         cfg.dataset, data_dir=cfg.data_dir, image_key=cfg.image_key, label_key=cfg.label_key,
@@ -135,8 +143,14 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
         model.reset_classifier(task.num_classes)
     data_cfg = data_config(model, cfg.res, cfg.crop_pct)
     res = int(data_cfg["input_size"][-1])
-    report = apply_policy(model, policy)
-    base = BaseSnapshot.capture(model, report)  # the base's identity, before any weight moves
+    if peft_method:
+        from .peft_methods import apply_peft_policy
+
+        model, report = apply_peft_policy(model, policy)  # the report holds the base's fingerprint
+        base = None
+    else:
+        report = apply_policy(model, policy)
+        base = BaseSnapshot.capture(model, report)  # the base's identity, before any weight moves
 
     name = cfg.name or default_adapter_name(cfg.model, policy.name, task.name, res)
     store = AdapterStore(cfg.store)
@@ -153,17 +167,24 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
     criterion = nn.CrossEntropyLoss(label_smoothing=0.0 if mixup is not None else cfg.smoothing)
 
     # --- 3. memory options, optimizer (trainable weights only; no decay on biases, norms, tokens)
+    backbone = model.get_base_model() if peft_method else model  # the role map names the plain model's modules
     if cfg.recompute_ffn:
         from .memory import enable_ffn_recompute
 
-        enable_ffn_recompute(model, report.role_map)
+        enable_ffn_recompute(backbone, report.role_map)
     if cfg.grad_checkpointing:
         from .memory import enable_grad_checkpointing
 
-        enable_grad_checkpointing(model, report.role_map)
+        enable_grad_checkpointing(backbone, report.role_map)
     if accelerator.distributed_type == DistributedType.FSDP:
         _fsdp_keep_frozen_apart(accelerator, cfg)
-    optimizer = create_optimizer_v2(model, opt=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
+    if peft_method:
+        from .peft_methods import param_groups
+
+        params = param_groups(model, cfg.weight_decay)  # no decay on IA3 scales, biases, norms
+    else:
+        params = model
+    optimizer = create_optimizer_v2(params, opt=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                     momentum=cfg.momentum)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
 
@@ -273,10 +294,14 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
     trained = _trained_model(model, accelerator, cfg, task, report)
     result = None
     if accelerator.is_main_process:
-        adapter_path = store.save(
-            name, trained, report, base, mode="exact", label_names=task.label_names, data_config=data_cfg,
-            input_size=res, model_name=cfg.model, overwrite=cfg.overwrite,
-        )
+        if peft_method:  # peft's own format plus our fingerprint; input size and data config come from the model
+            adapter_path = store.save(name, trained, report, label_names=task.label_names, model_name=cfg.model,
+                                      metadata={"dataset": task.name}, overwrite=cfg.overwrite)
+        else:
+            adapter_path = store.save(
+                name, trained, report, base, mode="exact", label_names=task.label_names, data_config=data_cfg,
+                input_size=res, model_name=cfg.model, overwrite=cfg.overwrite,
+            )
         result = FinetuneResult(
             adapter_name=name,
             adapter_path=str(adapter_path),
@@ -286,7 +311,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
             accuracy_after=final.top1,
             final_eval=final.to_dict(),
             adapter_bytes=_folder_bytes(adapter_path),
-            full_checkpoint_bytes=_state_dict_bytes(trained),
+            full_checkpoint_bytes=_state_dict_bytes(trained.get_base_model() if peft_method else trained),
             trainable_params=report.num_trainable,
             total_params=report.total,
             steps=position.step,
@@ -299,6 +324,18 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
         accelerator.end_training()
     accelerator.wait_for_everyone()
     return result
+
+
+def _is_peft_spec(spec: str) -> bool:
+    """A peft method rather than a freezing policy."""
+    from .policy import BASE_POLICIES
+
+    head = re.match(r"\s*([A-Za-z_]+)", spec)
+    if not head or head.group(1) in BASE_POLICIES:
+        return False
+    from .peft_methods import is_peft_spec  # imports peft: only for specs that are no freezing policy
+
+    return is_peft_spec(spec)
 
 
 def format_result(result: FinetuneResult) -> str:

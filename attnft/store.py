@@ -156,7 +156,7 @@ class AdapterStore:
         taken before training; ``save_kwargs`` as :func:`attnft.adapters.save_adapter`.
         A :class:`attnft.peft_methods.PeftReport`: ``model`` is the PeftModel, saved in peft's
         format; the report holds the base fingerprint, so no ``base``; ``save_kwargs`` are
-        ``label_names`` and ``metadata`` (:func:`attnft.peft_methods.save_peft_adapter`).
+        ``label_names``, ``metadata`` and ``model_name`` (:func:`attnft.peft_methods.save_peft_adapter`).
         """
         path = self.path(name)
         if isinstance(report, PolicyReport):

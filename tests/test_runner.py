@@ -347,3 +347,26 @@ def test_unknown_recipe_key_is_refused(previous_run, tmp_path, capsys):
     recipe.write_text("lr: 1e-4\nlearning_rate: 1e-4\n")
     _fails_cleanly(capsys, finetune_args(model, data, tmp_path, "--recipe", str(recipe)),
                    words=["learning_rate"], untouched=tmp_path / "run")
+
+
+@pytest.mark.parametrize("policy", ["lora", "ia3"])
+def test_peft_policy_finetunes_into_peft_format_that_attnft_eval_and_plain_peft_reload(tiny, tmp_path, capsys, policy):
+    from peft import PeftModel
+
+    from attnft.models import create_model
+    from attnft.store import is_peft_folder
+
+    model, data = tiny
+    assert main(finetune_args(model, data, tmp_path, "--policy", policy, "--epochs", "3", "--lr", "1e-2",
+                              "--name", "colors")) == 0
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    adapter = tmp_path / "store" / "colors"
+    assert is_peft_folder(adapter) and (adapter / "adapter_model.safetensors").is_file()
+    assert result["trainable_params"] < result["total_params"] / 2
+
+    assert main(["eval", "--adapter", "colors", "--store", str(tmp_path / "store"), "--dataset", data,
+                 "--workers", "0", "--batch-size", "8", "--output", str(tmp_path / "eval.json")]) == 0
+    assert json.loads((tmp_path / "eval.json").read_text())["top1"] == result["accuracy_after"]
+
+    plain = PeftModel.from_pretrained(create_model(model), str(adapter)).eval()  # peft alone, no attnft loader
+    assert isinstance(plain, PeftModel)

@@ -55,26 +55,41 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     from ..evaluate import evaluate
     from ..models import create_model, data_config
     from ..runner import new_accelerator
-    from ..store import AdapterStore
+    from ..store import AdapterStore, is_peft_folder
 
     accelerator = new_accelerator(cpu=cfg.cpu, mixed_precision=cfg.precision)
     if cfg.precision == "fp16" and accelerator.device.type == "cpu":
         raise ConfigError("fp16 mixed precision needs a GPU; use --precision bf16 on the CPU")
 
-    adapter = None
+    adapter = peft_path = None
     if cfg.adapter is not None:
-        adapter = read_adapter(cfg.adapter) if os.path.isdir(cfg.adapter) else AdapterStore(cfg.store).read(cfg.adapter)
-    model_name = cfg.model or (adapter.config.model_name if adapter else DEFAULT_MODEL)
-    res = cfg.res or (adapter.config.input_size if adapter else None)
+        store = AdapterStore(cfg.store)
+        path = cfg.adapter if os.path.isdir(cfg.adapter) else store.path(cfg.adapter)
+        if is_peft_folder(path):  # peft's format (lora, ia3): loaded through peft
+            from ..peft_methods import read_peft_adapter
+
+            peft_path, adapter_config = path, read_peft_adapter(path)
+        else:
+            adapter = read_adapter(cfg.adapter) if os.path.isdir(cfg.adapter) else store.read(cfg.adapter)
+            adapter_config = adapter.config
+    else:
+        adapter_config = None
+    model_name = cfg.model or (adapter_config.model_name if adapter_config else DEFAULT_MODEL)
+    res = cfg.res or (adapter_config.input_size if adapter_config else None)
 
     task = load_task(
         cfg.dataset, data_dir=cfg.data_dir, image_key=cfg.image_key, label_key=cfg.label_key,
         train_split=cfg.split, eval_split=cfg.split, max_eval=_max_eval(cfg),
     )
     model = create_model(model_name, checkpoint=cfg.checkpoint, img_size=res)
-    if adapter is not None:
+    if peft_path is not None:
+        from ..peft_methods import load_peft_adapter
+
+        model = load_peft_adapter(model, peft_path)
+    elif adapter is not None:
         load_adapter(model, adapter)
-        data_cfg = dict(adapter.config.data_config)
+    if adapter_config is not None:
+        data_cfg = dict(adapter_config.data_config)
         if cfg.res is not None or cfg.crop_pct is not None:
             data_cfg = data_config(model, res, cfg.crop_pct if cfg.crop_pct is not None else data_cfg.get("crop_pct"))
     else:
