@@ -58,7 +58,7 @@ from .adapters import (
     write_directory_atomically,
 )
 from .errors import AdapterError, BaseMismatchError, ConfigError, NoAttentionError, UnknownPolicyError
-from .policy import RoleCount, parse_blocks
+from .policy import CountedByRole, RoleCount, parse_blocks
 from .roles import Role, RoleMap, build_role_map, parse_role
 
 __all__ = [
@@ -359,7 +359,7 @@ def _peft_target_modules(model: nn.Module, names: list[str]) -> Union[list[str],
 
 
 @dataclass
-class PeftReport:
+class PeftReport(CountedByRole):
     """What :func:`apply_peft_policy` adapted, counted per role like :class:`attnft.policy.PolicyReport`.
 
     ``total`` counts the base model's parameters by role; ``trainable`` counts the adapter
@@ -381,18 +381,6 @@ class PeftReport:
         for role, numel in self.adapter_numel.items():
             rows[role].trainable += numel
         return [row for row in rows.values() if row.total or row.trainable]
-
-    @property
-    def total(self) -> int:
-        return sum(row.total for row in self.counts())
-
-    @property
-    def num_trainable(self) -> int:
-        return sum(row.trainable for row in self.counts())
-
-    @property
-    def trainable_share(self) -> float:
-        return self.num_trainable / self.total if self.total else 0.0
 
     def trained_tensors(self, peft_model: PeftModel) -> dict[str, torch.Tensor]:
         """The tensors an adapter saves, by peft's key (``base_model.model.<module>.lora_A.weight``)."""

@@ -122,8 +122,27 @@ class RoleCount:
         return self.trainable / self.total if self.total else 0.0
 
 
+class CountedByRole:
+    """Totals of a report whose ``counts()`` gives one :class:`RoleCount` per role."""
+
+    def counts(self) -> list[RoleCount]:
+        raise NotImplementedError
+
+    @property
+    def total(self) -> int:
+        return sum(row.total for row in self.counts())
+
+    @property
+    def num_trainable(self) -> int:
+        return sum(row.trainable for row in self.counts())
+
+    @property
+    def trainable_share(self) -> float:
+        return self.num_trainable / self.total if self.total else 0.0
+
+
 @dataclass
-class PolicyReport:
+class PolicyReport(CountedByRole):
     """The outcome of :func:`apply_policy`: what trains, counted per role."""
 
     model_name: str
@@ -140,18 +159,6 @@ class PolicyReport:
             if self.policy.trains(entry):
                 rows[entry.role].trainable += entry.numel
         return [row for row in rows.values() if row.total]
-
-    @property
-    def total(self) -> int:
-        return sum(row.total for row in self.counts())
-
-    @property
-    def num_trainable(self) -> int:
-        return sum(row.trainable for row in self.counts())
-
-    @property
-    def trainable_share(self) -> float:
-        return self.num_trainable / self.total if self.total else 0.0
 
     def trained_tensors(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The trained part of each trainable parameter (only the trained rows of a split tensor)."""
