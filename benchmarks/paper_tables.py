@@ -159,9 +159,16 @@ def main() -> None:
     parser.add_argument("--transfer-epochs", type=int, default=15)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
+                        help="render tables and plot from the rows of earlier runs instead of running")
     args = parser.parse_args()
 
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.from_json:
+        rows = [row for path in args.from_json for row in json.loads(path.read_text())["rows"]]
+        args.tables = sorted({row["table"] for row in rows})
+        render(args, rows, commands=[json.loads(path.read_text())["command"] for path in args.from_json])
+        return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -174,12 +181,17 @@ def main() -> None:
                     rows.append(row)
                     print(f"table {table} {policy:>5} seed {seed}: {row['acc']:.2f}% ({time.time() - t0:.0f} s)", flush=True)
                     write_results(args, rows)  # after every row: a long run interrupted keeps what it measured
-    summary = write_results(args, rows)
-    command = "python " + " ".join(sys.argv)
+    write_results(args, rows)
+    render(args, rows, commands=["python " + " ".join(sys.argv)])
+
+
+def render(args, rows: list[dict], commands: list[str]) -> None:
+    """Markdown tables and the plot (accuracy against trainable share) from measured rows."""
+    summary = summarize(rows)
     titles = {5: "Table 5 (miniature): resolution fine-tuning 28 -> 56 px on Fashion-MNIST",
               6: "Table 6 (miniature): transfer to scikit-learn digits at 28 px"}
     for table in args.tables:
-        text = markdown(summary, table, titles[table]) + f"\nCommand: `{command}`\n"
+        text = markdown(summary, table, titles[table]) + "\n" + "".join(f"Command: `{c}`\n" for c in commands)
         (args.out / f"table{table}.md").write_text(text)
         print(text)
     plot(summary, args.out / "paper_tables.png")
