@@ -64,8 +64,6 @@ def tiny_model(family: str, **overrides):
 
 def tiny_input(model, batch: int = 2):
     """A random batch at the model's input size."""
-    import torch
-
     size = tiny_input_size(model)
     return torch.randn(batch, 3, size, size)
 
