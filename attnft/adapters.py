@@ -44,7 +44,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -59,6 +58,7 @@ from . import __version__
 from .errors import AdapterError, BaseMismatchError, ConfigError, StoreError
 from .policy import PolicyReport, resolve_policy
 from .roles import HEAD_NAMES, Region, Role, RoleMap, build_role_map
+from .resolution import GRID_SIZED_TABLES
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -68,9 +68,6 @@ FORMAT_VERSION = 1
 MODES = ("exact", "delta")
 DELTA_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
-# Relative position tables sized by the input grid (BEiT's window = the whole grid, MViTv2).
-# Role ``attention`` in the role map; only their resolution-dependence is decided here.
-_GRID_SIZED_TABLES = re.compile(r"(^|\.)(relative_position_bias_table|rel_pos_h|rel_pos_w|rel_pos_t)$")
 
 PathLike = Union[str, os.PathLike]
 
@@ -83,7 +80,7 @@ def unfingerprinted_names(model: nn.Module, role_map: Optional[RoleMap] = None) 
     role_map = role_map or build_role_map(model)
     left_out = set(role_map.names_with_role(Role.HEAD)) | set(role_map.names_with_role(Role.POS_EMBED))
     for name in model.state_dict(keep_vars=True):
-        if name.split(".", 1)[0] in HEAD_NAMES or _GRID_SIZED_TABLES.search(name):
+        if name.split(".", 1)[0] in HEAD_NAMES or name.rsplit(".", 1)[-1] in GRID_SIZED_TABLES:
             left_out.add(name)  # buffers are not in the role map; the head is a top-level module
     return left_out
 

@@ -101,6 +101,10 @@ def _resize_decomposed_rel_pos(value: torch.Tensor, shape: tuple[int, ...], owne
     return resized.squeeze(0).t().to(value.dtype)
 
 
+# Relative-position tables whose size follows the input grid (BEiT's window is the whole grid;
+# MViTv2's decomposed tables), by leaf name: adapters leave them out of the base fingerprint.
+GRID_SIZED_TABLES = frozenset({"relative_position_bias_table", "rel_pos_h", "rel_pos_w", "rel_pos_t"})
+
 Resampler = Callable[[torch.Tensor, tuple[int, ...], nn.Module], torch.Tensor]
 # leaf name of a position tensor -> (its layout, how to resample it to the shape the model needs);
 # these are layouts of tensors, not roles (attnft.roles says which weights train)
