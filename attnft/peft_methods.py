@@ -393,32 +393,16 @@ class PeftReport(CountedByRole):
 
     def to_dict(self) -> dict:
         return {
-            "model": self.model_name,
-            "policy": self.policy.name,
+            **self.counts_dict(),
             "method": self.policy.method,
             "options": asdict(self.policy.options),
-            "roles": [
-                {"role": row.role.value, "total": row.total, "trainable": row.trainable, "share": round(row.share, 6)}
-                for row in self.counts()
-            ],
-            "total": self.total,
-            "trainable": self.num_trainable,
-            "trainable_share": round(self.trainable_share, 6),
-            "num_blocks": self.role_map.num_blocks,
             "targets": {name: role.value for name, role in self.targets.modules.items()},
             "head_modules": self.targets.head,
             "untargeted": self.targets.untargeted,
         }
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
     def format_table(self) -> str:
-        lines = [f"model: {self.model_name}   policy: {self.policy.name}   blocks: {self.role_map.num_blocks}", ""]
-        lines.append(f"{'role':<12} {'params':>14} {'trainable':>14} {'share':>8}")
-        for row in self.counts():
-            lines.append(f"{row.role.value:<12} {row.total:>14,} {row.trainable:>14,} {row.share:>8.1%}")
-        lines.append(f"{'total':<12} {self.total:>14,} {self.num_trainable:>14,} {self.trainable_share:>8.1%}")
+        lines = self.counts_table()
         lines.append(f"\n{self.policy.method} on {len(self.targets.modules)} modules; head trained whole: {', '.join(self.targets.head) or 'no'}")
         if self.targets.untargeted:
             lines.append(f"{len(self.targets.untargeted)} tensors of the adapted roles stay frozen (no module {self.policy.method} can wrap)")

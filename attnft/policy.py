@@ -123,7 +123,8 @@ class RoleCount:
 
 
 class CountedByRole:
-    """Totals of a report whose ``counts()`` gives one :class:`RoleCount` per role."""
+    """What freezing and peft reports share: totals, JSON and the table of their per-role ``counts()``
+    (subclasses have ``model_name``, ``policy.name`` and ``role_map``)."""
 
     def counts(self) -> list[RoleCount]:
         raise NotImplementedError
@@ -139,6 +140,33 @@ class CountedByRole:
     @property
     def trainable_share(self) -> float:
         return self.num_trainable / self.total if self.total else 0.0
+
+    def counts_dict(self) -> dict:
+        """Model, policy and the per-role counts, the part of ``to_dict`` every report shares."""
+        return {
+            "model": self.model_name,
+            "policy": self.policy.name,
+            "roles": [
+                {"role": row.role.value, "total": row.total, "trainable": row.trainable, "share": round(row.share, 6)}
+                for row in self.counts()
+            ],
+            "total": self.total,
+            "trainable": self.num_trainable,
+            "trainable_share": round(self.trainable_share, 6),
+            "num_blocks": self.role_map.num_blocks,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def counts_table(self) -> list[str]:
+        """The header and per-role lines of ``format_table``."""
+        lines = [f"model: {self.model_name}   policy: {self.policy.name}   blocks: {self.role_map.num_blocks}", ""]
+        lines.append(f"{'role':<12} {'params':>14} {'trainable':>14} {'share':>8}")
+        for row in self.counts():
+            lines.append(f"{row.role.value:<12} {row.total:>14,} {row.trainable:>14,} {row.share:>8.1%}")
+        lines.append(f"{'total':<12} {self.total:>14,} {self.num_trainable:>14,} {self.trainable_share:>8.1%}")
+        return lines
 
 
 @dataclass
@@ -170,29 +198,11 @@ class PolicyReport(CountedByRole):
         return out
 
     def to_dict(self) -> dict:
-        return {
-            "model": self.model_name,
-            "policy": self.policy.name,
-            "roles": [
-                {"role": row.role.value, "total": row.total, "trainable": row.trainable, "share": round(row.share, 6)}
-                for row in self.counts()
-            ],
-            "total": self.total,
-            "trainable": self.num_trainable,
-            "trainable_share": round(self.trainable_share, 6),
-            "num_blocks": self.role_map.num_blocks,
-            "split_tensors": {name: [vars(r) for r in regions] for name, regions in self.frozen_regions.items()},
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        split = {name: [vars(r) for r in regions] for name, regions in self.frozen_regions.items()}
+        return {**self.counts_dict(), "split_tensors": split}
 
     def format_table(self) -> str:
-        lines = [f"model: {self.model_name}   policy: {self.policy.name}   blocks: {self.role_map.num_blocks}", ""]
-        lines.append(f"{'role':<12} {'params':>14} {'trainable':>14} {'share':>8}")
-        for row in self.counts():
-            lines.append(f"{row.role.value:<12} {row.total:>14,} {row.trainable:>14,} {row.share:>8.1%}")
-        lines.append(f"{'total':<12} {self.total:>14,} {self.num_trainable:>14,} {self.trainable_share:>8.1%}")
+        lines = self.counts_table()
         if self.frozen_regions:
             lines.append(f"\n{len(self.frozen_regions)} fused tensors are split by rows/columns; their frozen part is masked.")
         return "\n".join(lines)
