@@ -15,22 +15,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .augmentation import AUG_CHOICES, AUG_FIELDS, AugConfig, auto_aug_level, resolve_aug
 from .errors import ConfigError
 
 # registered in timm by `import attnft.bundled`; a string here so the CLI need not import timm
 DEFAULT_MODEL = "vit_fmnist_patch4_28"
 OPTIMIZERS = ("adamw", "sgd")  # timm names: "sgd" is SGD with Nesterov momentum
 PRECISIONS = ("no", "bf16", "fp16")
-# With no dataset a run is the quick demo: the bundled ViT on a subset of Fashion-MNIST, with a
-# light crop (a 28 px garment has little to crop away; the default 8-100% area costs ~7 points).
-# These apply where neither the recipe nor the command line sets the field.
-DEFAULT_TASK_SETTINGS = {"max_train": 5000, "max_eval": 1000, "scale": (0.8, 1.0)}
+# With no dataset a run is the quick demo: the bundled ViT on a subset of Fashion-MNIST (the
+# bundled sample's size). These apply where neither the recipe nor the command line sets the field.
+DEFAULT_TASK_SETTINGS = {"max_train": 5000, "max_eval": 1000}
 DEFAULT_DATASET_MAX_EVAL = DEFAULT_TASK_SETTINGS["max_eval"]  # attnft eval scores the same subset
 TRACKERS = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive")
 
@@ -63,9 +64,13 @@ class FinetuneConfig:
                                      metavar="FILE", group=MODEL)
     res: Optional[int] = _opt(None, "input resolution in pixels (default: the weights' own); position "
                               "embeddings are resampled", group=MODEL)
-    crop_pct: Optional[float] = _opt(None, "eval centre-crop ratio (default: the model's)", group=MODEL)
+    crop_pct: Optional[float] = _opt(None, "eval centre-crop ratio (default: 1, the whole image, when training "
+                                     "never zooms in (--aug none/light); else the model's)", group=MODEL)
     policy: str = _opt("attn", "what trains: attn, ffn, full, head, edited as in 'attn+norm'", metavar="SPEC",
                        group=MODEL)
+    new_head: Optional[bool] = _opt(None, "a new classifier (default: when the dataset's classes differ from the "
+                                    "base's in number or names; kept when the base's names are unknown)",
+                                    group=MODEL)
     drop_path: float = _opt(0.0, "stochastic depth rate", group=MODEL)
     # --- data
     dataset: Optional[str] = _opt(None, "preset, hub id (owner/name) or local folder; default: the Fashion-MNIST "
@@ -81,25 +86,36 @@ class FinetuneConfig:
                                      group=DATA)
     max_train: Optional[int] = _opt(None, "use a seeded random subset of this many training images", group=DATA)
     max_eval: Optional[int] = _opt(None, "use a seeded random subset of this many evaluation images", group=DATA)
+    val_fraction: float = _opt(0.1, "share of the training images held out for evaluation (seeded, stratified) "
+                               "when the data has no evaluation split, e.g. a folder of class folders",
+                               group=DATA)
     workers: int = _opt(2, "data loader worker processes per training process", group=DATA)
-    # --- augmentation: the fields of attnft.data.transforms.AugConfig, same names and defaults
+    # --- augmentation: a level, and the fields of attnft.augmentation.AugConfig that override it
+    aug: str = _opt("auto", "augmentation level: none, light, medium, heavy (DeiT's recipe), or auto: chosen "
+                    "from the passes over the training images (none below 10 epochs, light below 40, medium "
+                    "below 150); the flags below override single settings", choices=AUG_CHOICES, group=AUG)
     auto_augment: Optional[str] = _opt(None, "timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1 (RandAugment)",
                                        metavar="POLICY", group=AUG)
-    reprob: float = _opt(0.0, "random erasing probability", group=AUG)
-    remode: str = _opt("pixel", "random erasing fill: const, rand or pixel", metavar="MODE", group=AUG)
-    recount: int = _opt(1, "random erasing count", group=AUG)
-    color_jitter: float = _opt(0.0, "colour jitter factor (ignored under auto-augment)", group=AUG)
-    hflip: float = _opt(0.5, "horizontal flip probability", group=AUG)
-    vflip: float = _opt(0.0, "vertical flip probability", group=AUG)
-    scale: tuple[float, float] = _opt((0.08, 1.0), "random-resized-crop area range", group=AUG)
-    ratio: tuple[float, float] = _opt((3 / 4, 4 / 3), "random-resized-crop aspect range", group=AUG)
+    reprob: Optional[float] = _opt(None, "random erasing probability", group=AUG)
+    remode: Optional[str] = _opt(None, "random erasing fill: const, rand or pixel", metavar="MODE", group=AUG)
+    recount: Optional[int] = _opt(None, "random erasing count", group=AUG)
+    color_jitter: Optional[float] = _opt(None, "colour jitter factor (ignored under auto-augment)", group=AUG)
+    hflip: Optional[float] = _opt(None, "horizontal flip probability", group=AUG)
+    vflip: Optional[float] = _opt(None, "vertical flip probability", group=AUG)
+    scale: Optional[tuple[float, float]] = _opt(None, "random-resized-crop area range", group=AUG)
+    ratio: Optional[tuple[float, float]] = _opt(None, "random-resized-crop aspect range", group=AUG)
     train_interpolation: Optional[str] = _opt(None, "training resize interpolation (default: the model's)",
                                               metavar="MODE", group=AUG)
-    mixup: float = _opt(0.0, "mixup alpha (0: off)", group=AUG)
-    cutmix: float = _opt(0.0, "cutmix alpha (0: off)", group=AUG)
-    mixup_prob: float = _opt(1.0, "probability of mixing a batch", group=AUG)
-    mixup_switch_prob: float = _opt(0.5, "probability of cutmix rather than mixup when both are on", group=AUG)
-    mixup_mode: str = _opt("batch", "mixup per batch, pair or elem", choices=("batch", "pair", "elem"), group=AUG)
+    mixup: Optional[float] = _opt(None, "mixup alpha (0: off)", group=AUG)
+    cutmix: Optional[float] = _opt(None, "cutmix alpha (0: off)", group=AUG)
+    mixup_prob: Optional[float] = _opt(None, "probability of mixing a batch", group=AUG)
+    mixup_switch_prob: Optional[float] = _opt(None, "probability of cutmix rather than mixup when both are on",
+                                              group=AUG)
+    mixup_mode: Optional[str] = _opt(None, "mixup per batch, pair or elem", choices=("batch", "pair", "elem"),
+                                     group=AUG)
+    repeated_aug: int = _opt(1, "show each image of an epoch this many times, differently augmented (DeiT's "
+                             "repeated augmentation: 3); an epoch keeps its length, so it holds 1/N of the images",
+                             group=AUG)
     smoothing: float = _opt(0.1, "label smoothing", group=AUG)
     # --- optimisation
     epochs: int = _opt(1, "passes over the training split", group=OPTIM)
@@ -159,7 +175,8 @@ class FinetuneConfig:
         _require(self.weight_decay >= 0, "weight_decay must not be negative")
         _require(0 <= self.smoothing < 1, "smoothing must be in [0, 1)")
         _require(0 <= self.drop_path < 1, "drop_path must be in [0, 1)")
-        _require(self.mixup >= 0 and self.cutmix >= 0, "mixup and cutmix must not be negative")
+        _check_augmentation(self)
+        _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
         _require(self.clip_grad is None or self.clip_grad > 0, "clip_grad must be positive")
         _require(self.workers >= 0, "workers must not be negative")
         _require(self.checkpoint_every >= 0, "checkpoint_every must not be negative")
@@ -172,11 +189,30 @@ class FinetuneConfig:
     def trackers(self) -> list[str]:
         return [t.strip() for t in (self.log_with or "").split(",") if t.strip()]
 
-    def aug_config(self):
-        """The augmentation fields as :class:`attnft.data.transforms.AugConfig`."""
-        from .data.transforms import AugConfig
+    def aug_config(self) -> AugConfig:
+        """The augmentation of this run: the level's settings with the fields given put over them."""
+        if self.aug == "auto":
+            raise ValueError("aug is 'auto': resolve it first with with_aug_resolved(train_images)")
+        return resolve_aug(self.aug, {name: getattr(self, name) for name in AUG_FIELDS if hasattr(self, name)})
 
-        return AugConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AugConfig)})
+    def with_aug_resolved(self, train_images: Optional[int], global_batch: int) -> tuple["FinetuneConfig", str]:
+        """This config with ``aug`` a level (``auto`` decided from the run's passes over its
+        ``train_images``) and every augmentation field set, and why that level, in words."""
+        if self.aug == "auto":
+            if train_images:
+                epochs = self.steps * global_batch / train_images if self.steps else float(self.epochs)
+                level = auto_aug_level(epochs)
+                why = f"auto: {epochs:.3g} epochs over {train_images:,} images"
+            else:  # a streamed split of unknown length: counted as one pass
+                level, why = auto_aug_level(1.0), "auto: streamed data, counted as one pass"
+        else:
+            level, why = self.aug, "--aug"
+        resolved = dataclasses.replace(self, aug=level)
+        aug = resolved.aug_config()
+        values = {name: getattr(aug, name) for name in AUG_FIELDS if hasattr(self, name)}
+        if self.crop_pct is None:
+            values["crop_pct"] = aug.eval_crop_pct
+        return dataclasses.replace(resolved, **values), why
 
     def to_dict(self) -> dict[str, Any]:
         """Flat and YAML-safe (tuples as lists): a recipe that reproduces the run."""
@@ -219,6 +255,8 @@ class EvalConfig:
                                 metavar="SPLIT", group=DATA)
     max_eval: Optional[int] = _opt(None, "a seeded random subset of this many images (as in finetune)",
                                    group=DATA)
+    val_fraction: float = _opt(0.1, "data without an evaluation split: score the share finetune held out "
+                               "(the same images for the same value)", group=DATA)
     batch_size: int = _opt(64, "images per batch", group=RUN)
     workers: int = _opt(2, "data loader worker processes", group=RUN)
     precision: str = _opt("no", "mixed precision: no, bf16, fp16 (GPU)", choices=PRECISIONS, group=RUN)
@@ -383,6 +421,25 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
         return value
     expected = {tuple: "two numbers", bool: "true or false"}.get(kind, kind.__name__)
     raise ConfigError(f"{name} must be {expected}, got {value!r}")
+
+
+def _check_augmentation(cfg: FinetuneConfig) -> None:
+    """The augmentation fields given, against their real ranges (None: from the level)."""
+    for name in ("reprob", "hflip", "vflip", "mixup_prob", "mixup_switch_prob"):
+        value = getattr(cfg, name)
+        _require(value is None or 0 <= value <= 1, f"{name} must be a probability in [0, 1], got {value}")
+    for name in ("mixup", "cutmix", "color_jitter"):
+        value = getattr(cfg, name)
+        _require(value is None or 0 <= value < math.inf, f"{name} must be a finite number >= 0, got {value}")
+    _require(cfg.recount is None or cfg.recount >= 1, f"recount must be at least 1, got {cfg.recount}")
+    _require(cfg.repeated_aug >= 1, f"repeated_aug must be at least 1, got {cfg.repeated_aug}")
+    for name, low, high in (("scale", 0, 1), ("ratio", 0, math.inf)):
+        value = getattr(cfg, name)
+        _require(value is None or (low < value[0] <= value[1] <= high and value[1] < math.inf),
+                 f"{name} must be two numbers LOW <= HIGH in ({low}, {high:g}], got {value}")
+    _require(cfg.crop_pct is None or 0 < cfg.crop_pct <= 1, f"crop_pct must be in (0, 1], got {cfg.crop_pct}")
+    _require(cfg.remode is None or cfg.remode in ("const", "rand", "pixel"),
+             f"remode must be const, rand or pixel, got {cfg.remode!r}")
 
 
 def _require(condition: bool, message: str) -> None:

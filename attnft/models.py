@@ -19,6 +19,7 @@ import difflib
 import functools
 import json
 import pickle
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -36,7 +37,8 @@ from torch import nn
 from .errors import AdapterError, ConfigError, OfflineError, UnknownModelError
 from .resolution import check_img_size, check_img_size_value, resample_state_dict
 
-__all__ = ["create_model", "read_state_dict", "data_config", "model_img_size", "patch_grid"]
+__all__ = ["create_model", "read_state_dict", "data_config", "model_img_size", "patch_grid", "base_label_names",
+           "head_fits"]
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".tar")
 # containers training scripts wrap a state dict in (DeiT / timm train.py / BEiT v2 / Lightning)
@@ -135,6 +137,34 @@ def data_config(model: nn.Module, img_size: int | None = None, crop_pct: float |
     channels = get_model_input_config(model)["input_size"][0]
     size = (img_size, img_size) if img_size is not None else model_img_size(model)
     return resolve_model_data_config(model, args={"input_size": (channels, *size), "crop_pct": crop_pct})
+
+
+def base_label_names(model: nn.Module) -> Optional[list[list[str]]]:
+    """What the model's classifier outputs are called, or None where unknown: per class, the
+    names a dataset may use for it (ImageNet: the synset and the description, timm's ImageNetInfo)."""
+    names = getattr(model, "pretrained_cfg", {}).get("label_names")
+    if names and len(names) == model.num_classes:
+        return [[str(name)] for name in names]
+    subset = timm.data.infer_imagenet_subset(model)
+    if subset is None:
+        return None
+    info = timm.data.ImageNetInfo(subset)
+    return [[synset, description, description.split(",")[0]]
+            for synset, description in zip(info.label_names(), info.label_descriptions())]
+
+
+def head_fits(base_names: Optional[list[list[str]]], num_classes: int, task_names: list[str]) -> Optional[bool]:
+    """Whether a base head of ``num_classes`` outputs predicts the task's classes, in order:
+    False when the counts or the names differ, None when the base's names are unknown."""
+    if num_classes != len(task_names):
+        return False
+    if base_names is None:
+        return None
+
+    def norm(text: str) -> str:  # 'T-shirt/top' is the folder 'T-shirt_top' or 't shirt top'
+        return " ".join(re.sub(r"[^0-9a-z]+", " ", str(text).lower()).split())
+
+    return all(norm(task) in {norm(n) for n in forms} for task, forms in zip(task_names, base_names))
 
 
 def model_img_size(model: nn.Module) -> tuple[int, int]:

@@ -5,19 +5,12 @@ check everything a user can get wrong (before any file is written), build the mo
 freeze it, build the data, prepare with Accelerate, train with gradient accumulation and
 mixed precision, evaluate, save the adapter.
 
-Reproducibility. Every random draw is a function of the seed and of *where* it happens, not
-of what ran before:
-
-- the data order comes from Accelerate's seedable sampler (seed + epoch);
-- sample ``i`` of epoch ``e`` is augmented under RNGs seeded from ``(seed, e, i)``, whichever
-  worker or process loads it (:class:`SeededAugmentation`);
-- micro-batch ``b`` of epoch ``e`` on process ``r`` runs (mixup, drop-path) under RNGs seeded
-  from ``(seed, e, b, r)``.
-
-So a checkpoint needs no RNG state: trainable weights, optimizer, scheduler, (fp16) scaler and
-the position (epoch, batches done) are enough for a resumed run to end bitwise equal to an
-uninterrupted one on the CPU; and one process with batch ``2B`` sees exactly the images two
-processes with batch ``B`` see, which is what lets DDP follow the one-process loss curve.
+Reproducibility (:mod:`attnft.seeding`): every random draw is a function of the seed and of
+*where* it happens, so a checkpoint needs no RNG state: trainable weights, optimizer, scheduler,
+(fp16) scaler and the position (epoch, batches done) are enough for a resumed run to end
+bitwise equal to an uninterrupted one on the CPU; and one process with batch ``2B`` sees
+exactly the images two processes with batch ``B`` see, which is what lets DDP follow the
+one-process loss curve.
 """
 from __future__ import annotations
 
@@ -40,7 +33,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from .config import RUN_ONLY_FIELDS, FinetuneConfig
 from .errors import ConfigError, DataError, StoreError
+from .augmentation import describe_aug
 from .evaluate import EvalResult, evaluate
+from .seeding import RepeatedAugmentationSampler, SeededAugmentation, derive_seed, seed_micro_batch, seeded_rngs
 
 __all__ = [
     "FinetuneResult", "Position", "finetune", "new_accelerator", "format_result", "default_adapter_name",
@@ -101,7 +96,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
     from . import bundled  # noqa: F401  registers the default model in timm
     from .adapters import BaseSnapshot
     from .data import check_batch_size, load_task, make_mixup
-    from .models import create_model, data_config
+    from .models import base_label_names, create_model, data_config, head_fits
     from .policy import apply_policy, resolve_policy
     from .store import AdapterStore
 
@@ -131,16 +126,22 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
     task = load_task(
         cfg.dataset, data_dir=cfg.data_dir, image_key=cfg.image_key, label_key=cfg.label_key,
         train_split=cfg.train_split, eval_split=cfg.eval_split, streaming=cfg.streaming,
-        max_train=cfg.max_train, max_eval=cfg.max_eval,
+        max_train=cfg.max_train, max_eval=cfg.max_eval, val_fraction=cfg.val_fraction,
     )
     if task.streaming and cfg.steps is None:
         raise ConfigError("a streamed training split has no known length: pass --steps")
     check_batch_size(task.train, cfg.batch_size * accelerator.num_processes)  # drop_last: one global batch at least
 
-    new_head = model.num_classes != task.num_classes
+    cfg, aug_reason = cfg.with_aug_resolved(_length(task.train),
+                                            cfg.batch_size * accelerator.num_processes * cfg.grad_accum)
+    fits = head_fits(base_label_names(model), model.num_classes, task.label_names)
+    new_head = cfg.new_head if cfg.new_head is not None else fits is False
     if new_head:
         set_seed(cfg.seed)  # the same new head in every process and every resume
         model.reset_classifier(task.num_classes)
+    elif model.num_classes != task.num_classes:
+        raise ConfigError(f"--no-new-head: the base predicts {model.num_classes} classes, "
+                          f"{task.source} has {task.num_classes}")
     data_cfg = data_config(model, cfg.res, cfg.crop_pct)
     res = int(data_cfg["input_size"][-1])
     if peft_method:
@@ -211,7 +212,12 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
 
     say(report.format_table())
     say(f"\ndata: {task.source}: {_count(task.train)} train / {_count(task.eval)} eval images, "
-        f"{task.num_classes} classes{' (new head)' if new_head else ''}")
+        f"{task.num_classes} classes")
+    if task.held_out:
+        say(f"eval split: {task.held_out}")
+    say(f"head: {_head_text(new_head, fits, cfg.new_head)}")
+    say(f"augmentation: {cfg.aug} ({aug_reason}): {describe_aug(cfg.aug_config())}; "
+        f"eval crop {data_cfg.get('crop_pct'):g}")
     say(f"input {res} px; batch {cfg.batch_size} x {accelerator.num_processes} process(es) x {cfg.grad_accum} "
         f"accumulated = {cfg.batch_size * accelerator.num_processes * cfg.grad_accum} per step; {total_steps} steps "
         f"on {accelerator.device} ({accelerator.distributed_type.value}, precision {cfg.precision})")
@@ -246,7 +252,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
                 continue
             images, labels = batch
             with accelerator.accumulate(model):
-                _seed_micro_batch(cfg.seed, epoch, index, accelerator.process_index)
+                seed_micro_batch(cfg.seed, epoch, index, accelerator.process_index)
                 inputs, targets = mixup(images, labels) if mixup is not None else (images, labels)
                 logits = model(inputs)
                 loss = criterion(logits.float(), targets)
@@ -387,57 +393,6 @@ def warmup_cosine_schedule(optimizer, warmup_steps: int, total_steps: int, min_r
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-# --- reproducible randomness -----------------------------------------------------------------
-
-
-def derive_seed(*numbers: int) -> int:
-    """A 32-bit seed that depends on every number (not just their sum)."""
-    return int(np.random.SeedSequence([int(n) for n in numbers]).generate_state(1)[0])
-
-
-@contextmanager
-def seeded_rngs(seed: int) -> Iterator[None]:
-    """Python, numpy and torch CPU RNGs seeded with ``seed`` inside, restored after."""
-    saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.default_generator.manual_seed(seed)
-    try:
-        yield
-    finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])
-        torch.set_rng_state(saved[2])
-
-
-def _seed_micro_batch(seed: int, epoch: int, index: int, process: int) -> None:
-    """Mixup and drop-path of micro-batch ``index`` of ``epoch`` on ``process`` draw from here (all devices)."""
-    value = derive_seed(seed, epoch, index, process, 1)
-    random.seed(value)
-    np.random.seed(value)
-    torch.manual_seed(value)
-
-
-class SeededAugmentation(Dataset):
-    """Sample ``i`` of epoch ``e`` is transformed under RNGs seeded from ``(seed, e, i)``: the
-    same augmentation in any worker, any process and after any resume."""
-
-    def __init__(self, dataset: Dataset, seed: int):
-        self.dataset = dataset
-        self.seed = seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int):
-        with seeded_rngs(derive_seed(self.seed, self.epoch, index)):
-            return self.dataset[index]
 
 
 # --- checkpoints -----------------------------------------------------------------------------
@@ -634,7 +589,11 @@ def _data_loaders(cfg: FinetuneConfig, task, data_cfg: dict, accelerator) -> tup
     evaluation = with_transform(task.eval, build_transforms(data_cfg, train=False))
     common = dict(num_workers=cfg.workers, collate_fn=collate_skipping_failures,
                   pin_memory=accelerator.device.type == "cuda")
-    train_loader = DataLoader(train, batch_size=cfg.batch_size, shuffle=not task.streaming, drop_last=True, **common)
+    if cfg.repeated_aug > 1 and not task.streaming:
+        order = dict(sampler=RepeatedAugmentationSampler(train, cfg.repeated_aug, cfg.seed))
+    else:
+        order = dict(shuffle=not task.streaming)  # Accelerate makes it a seedable sampler
+    train_loader = DataLoader(train, batch_size=cfg.batch_size, drop_last=True, **order, **common)
     eval_loader = DataLoader(evaluation, batch_size=cfg.batch_size, shuffle=False, **common)
     return train_loader, eval_loader
 
@@ -689,6 +648,23 @@ def _tracker_config(cfg: FinetuneConfig) -> dict:
     # trackers (TensorBoard's hparams) take scalars and strings only
     return {k: (str(v) if not isinstance(v, (int, float, str, bool)) else v)
             for k, v in cfg.to_dict().items() if v is not None}
+
+
+def _length(split) -> Optional[int]:
+    try:
+        return len(split)
+    except TypeError:  # streamed
+        return None
+
+
+def _head_text(new_head: bool, fits: Optional[bool], asked: Optional[bool]) -> str:
+    if asked is not None:
+        return "new (--new-head)" if new_head else "the base's (--no-new-head)"
+    if new_head:
+        return "new (the dataset's classes are not the base's); no accuracy before training"
+    if fits is None:
+        return "the base's (same number of classes; the base's class names are unknown: --new-head replaces it)"
+    return "the base's (same classes)"
 
 
 def _count(split) -> str:

@@ -32,7 +32,8 @@ def test_flags_with_a_dataset_give_the_dataclass_defaults():
 
 def test_no_dataset_means_the_quick_demo_settings_unless_given(tmp_path):
     demo = parse([])
-    assert (demo.dataset, demo.max_train, demo.max_eval, demo.scale) == (None, 5000, 1000, (0.8, 1.0))
+    # the demo has no private augmentation: the same rule as every run decides it
+    assert (demo.dataset, demo.max_train, demo.max_eval, demo.aug, demo.scale) == (None, 5000, 1000, "auto", None)
     assert demo.model == DEFAULT_MODEL
     assert parse(["--max-train", "200"]).max_train == 200
     recipe = tmp_path / "r.yaml"
@@ -95,15 +96,17 @@ def test_to_dict_round_trips_as_a_recipe(tmp_path):
     assert FinetuneConfig.from_dict(load_recipe(str(path))) == config
 
 
-def test_augmentation_fields_mirror_aug_config_names_and_defaults():
-    from attnft.data import AugConfig
+def test_augmentation_flags_are_the_aug_config_fields_and_default_to_the_level():
+    from attnft.augmentation import LEVELS, AugConfig
 
     ours = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)}
     for f in dataclasses.fields(AugConfig):
+        if f.name == "eval_crop_pct":  # the crop_pct flag
+            continue
         assert f.name in ours, f"AugConfig.{f.name} has no FinetuneConfig field"
-        assert ours[f.name] == pytest.approx(f.default) if isinstance(f.default, (float, tuple)) \
-            else ours[f.name] == f.default, f.name
-    assert FinetuneConfig(mixup=0.8, auto_augment="rand-m9").aug_config() == AugConfig(mixup=0.8, auto_augment="rand-m9")
+        assert ours[f.name] is None or f.name == "smoothing", f"{f.name} must default to the level's value"
+    given = FinetuneConfig(aug="none", mixup=0.8, auto_augment="rand-m9").aug_config()
+    assert given == dataclasses.replace(LEVELS["none"], mixup=0.8, auto_augment="rand-m9")
 
 
 @pytest.mark.parametrize("path", sorted(p for p in glob.glob(os.path.join(RECIPES, "*.yaml"))

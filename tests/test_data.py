@@ -332,10 +332,33 @@ def test_missing_split_lists_the_splits(tmp_path):
     root = write_image_folder(tmp_path / "f", per_class=1)
     with pytest.raises(DataError, match="split 'test' not found .*splits: train, validation"):
         load_task(str(root), eval_split="test")
+
+
+
+def test_a_class_with_one_image_cannot_be_held_out(tmp_path):
     saved = tmp_path / "saved"
     DatasetDict(train=image_dataset(2, ["a", "b"])).save_to_disk(saved)
-    with pytest.raises(DataError, match="no evaluation split; splits: train"):
+    with pytest.raises(DataError, match="class 'a' .* has 1 image.*pass --eval-split"):
         load_task(str(saved))
+
+
+def image_names(split) -> list[str]:
+    return [row["image"]["path"] for row in split.rows]
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.25])
+def test_a_folder_of_class_folders_holds_out_a_stratified_disjoint_eval_split(tmp_path, fraction):
+    root = write_image_folder(tmp_path / "flat", splits=("",), classes=("cat", "dog", "owl"), per_class=20)
+    task = load_task(str(root), val_fraction=fraction)
+    train, held = image_names(task.train), image_names(task.eval)
+    assert task.label_names == ["cat", "dog", "owl"]
+    assert not set(train) & set(held) and len(train) + len(held) == 60  # every image in exactly one split
+    labels = [label for _, label in all_samples(task.eval)]
+    assert len(labels) == round(60 * fraction) and sorted(set(labels)) == [0, 1, 2]
+    assert max(labels.count(c) for c in range(3)) - min(labels.count(c) for c in range(3)) <= 1  # stratified
+    assert "held out" in task.held_out
+    again = load_task(str(root), val_fraction=fraction)  # seeded: attnft eval scores the same images
+    assert image_names(again.eval) == held
 
 
 def test_hub_dataset_while_offline_fails_fast_and_says_what_to_pass():

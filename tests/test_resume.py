@@ -116,3 +116,21 @@ def test_resume_at_an_epoch_boundary_continues_with_the_next_epoch(tiny, tmp_pat
     a = load_file(str(tmp_path / "a" / "store" / "model-attn-colors-32" / "adapter_model.safetensors"))
     b = load_file(str(tmp_path / "b" / "store" / "b" / "adapter_model.safetensors"))
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_repeated_augmentation_resumes_bitwise_mid_epoch(tiny, tmp_path):
+    """--repeated-aug 3 with random augmentation: a run resumed from a mid-epoch checkpoint ends
+    with the weights of an uninterrupted one."""
+    model, data = tiny
+    common = ["--checkpoint-every", "3", "--no-eval-before", "--eval-every", "0", "--log-every", "1",
+              "--repeated-aug", "3", "--aug", "heavy", "--auto-augment", "rand-m9-mstd0.5", "--steps", "8"]
+    assert main(finetune_args(model, data, tmp_path / "a", *common)) == 0
+    assert main(finetune_args(model, data, tmp_path / "b", *common, "--name", "b")) == 0
+    checkpoints = tmp_path / "b" / "run" / "checkpoints"
+    for path in checkpoints.iterdir():
+        if path.name != "step_00000003.pt":  # 6 steps an epoch: step 3 is mid-epoch
+            path.unlink()
+    assert main(finetune_args(model, data, tmp_path / "b", *common, "--name", "b", "--resume", "--overwrite")) == 0
+    a = load_file(str(tmp_path / "a" / "store" / "model-attn-colors-32" / "adapter_model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "store" / "b" / "adapter_model.safetensors"))
+    assert all(torch.equal(a[name], b[name]) for name in a)

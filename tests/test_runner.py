@@ -24,14 +24,15 @@ COLORS = {"red": (200, 40, 40), "green": (40, 200, 40), "blue": (40, 40, 200), "
 
 # ---- helpers shared by test_eval, test_resume and test_ddp ------------------------------------
 
-def write_tiny_model(directory, num_classes: int = 3, seed: int = 0) -> str:
+def write_tiny_model(directory, num_classes: int = 3, seed: int = 0, label_names=None) -> str:
     """A random tiny ViT (32 px, 8 px patches) saved as timm's local-dir layout; returns its model name."""
     import timm
     from timm.models._hub import save_for_hf
 
     torch.manual_seed(seed)
     model = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=num_classes, **TINY_ARGS)
-    save_for_hf(model, str(directory), model_args=dict(TINY_ARGS, num_classes=num_classes))
+    save_for_hf(model, str(directory), model_args=dict(TINY_ARGS, num_classes=num_classes),
+                model_config={"label_names": list(label_names)} if label_names else None)
     return f"local-dir:{directory}"
 
 
@@ -152,6 +153,52 @@ def test_a_dataset_with_other_classes_gets_a_new_head_and_no_accuracy_before(tmp
     assert json.loads((tmp_path / "run" / "result.json").read_text())["accuracy_before"] is None
     config = json.loads((tmp_path / "store" / "model-attn-four-32" / "adapter_config.json").read_text())
     assert config["num_classes"] == 4 and config["label_names"] == ["blue", "green", "grey", "red"]
+
+
+def test_same_class_count_with_other_label_names_gets_a_new_head(tmp_path, capsys):
+    model = write_tiny_model(tmp_path / "model", label_names=["blue", "green", "red"])
+    same = write_color_folder(tmp_path / "same", classes=("red", "green", "blue"), train_per_class=4, eval_per_class=2)
+    other = write_color_folder(tmp_path / "other", classes=("red", "green", "grey"), train_per_class=4,
+                               eval_per_class=2)
+    assert main(finetune_args(model, same, tmp_path / "a", "--steps", "1")) == 0
+    printed = capsys.readouterr().out
+    assert "head: the base's (same classes)" in printed and "before: top-1" in printed
+    assert main(finetune_args(model, other, tmp_path / "b", "--steps", "1")) == 0
+    printed = capsys.readouterr().out
+    assert "head: new" in printed and "accuracy before: n/a: new head" in printed
+    assert json.loads((tmp_path / "b" / "run" / "result.json").read_text())["new_head"]
+
+
+def test_a_folder_of_class_folders_trains_and_evaluates_on_a_held_out_share(tmp_path, capsys):
+    model = write_tiny_model(tmp_path / "model")
+    flat = tmp_path / "flat"
+    write_color_folder(flat / "tmp")  # train/ and val/ of 3 classes, then flattened to <class>/ only
+    for name in ("red", "green", "blue"):
+        os.makedirs(flat / name)
+        # plain numbers: `datasets` reads split names out of file names such as train-0.png
+        for number, image in enumerate(sorted((flat / "tmp").glob(f"*/{name}/*.png"))):
+            image.rename(flat / name / f"{number}.png")
+    shutil.rmtree(flat / "tmp")
+    assert main(finetune_args(model, str(flat), tmp_path, "--steps", "2", "--val-fraction", "0.25")) == 0
+    printed = capsys.readouterr().out
+    assert "49 train / 17 eval images" in printed  # 66 images, a quarter held out, rounded up
+    assert "held out of train, stratified by class" in printed
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert main(["eval", "--adapter", result["adapter_name"], "--store", str(tmp_path / "store"),
+                 "--dataset", str(flat), "--val-fraction", "0.25", "--workers", "0", "--batch-size", "8"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["num_samples"] == 17 and evaluated["top1"] == result["accuracy_after"]
+
+
+def test_the_augmentation_chosen_is_printed_and_saved_in_config_yaml(tiny, tmp_path, capsys):
+    import yaml
+
+    model, data = tiny
+    assert main(finetune_args(model, data, tmp_path, "--epochs", "1", "--hflip", "0.5")) == 0
+    assert "augmentation: none (auto: 1 epochs over 48 images): hflip 0.5" in capsys.readouterr().out
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["aug"] == "none" and saved["hflip"] == 0.5 and saved["scale"] == [1.0, 1.0]
+    assert saved["crop_pct"] == 1.0
 
 
 def test_metrics_jsonl_logs_loss_accuracy_lr_and_throughput_every_n_steps(tiny, tmp_path):

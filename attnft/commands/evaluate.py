@@ -79,7 +79,7 @@ def evaluate_model(cfg: EvalConfig) -> dict:
 
     task = load_task(
         cfg.dataset, data_dir=cfg.data_dir, image_key=cfg.image_key, label_key=cfg.label_key,
-        train_split=cfg.split, eval_split=cfg.split, max_eval=_max_eval(cfg),
+        train_split=cfg.split, eval_split=cfg.split, max_eval=_max_eval(cfg), val_fraction=cfg.val_fraction,
     )
     model = create_model(model_name, checkpoint=cfg.checkpoint, img_size=res)
     if peft_path is not None:

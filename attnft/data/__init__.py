@@ -17,7 +17,6 @@ from .images import (
 from .loading import TaskData, check_batch_size, load_task
 from .presets import PRESETS, DatasetPreset, get_preset
 from .transforms import (
-    DEIT_AUG,
     AugConfig,
     Mixup,
     TransformedDataset,
@@ -29,7 +28,6 @@ from .transforms import (
 
 __all__ = [
     "AugConfig",
-    "DEIT_AUG",
     "DatasetPreset",
     "ImageClassificationDataset",
     "ImageClassificationIterable",

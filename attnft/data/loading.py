@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 
 import datasets
+import numpy as np
 from datasets import ClassLabel, Dataset, DatasetDict, Image, IterableDataset, Value
 from datasets.data_files import SPLIT_KEYWORDS
 from datasets.packaged_modules.imagefolder.imagefolder import IMAGE_EXTENSIONS
@@ -22,6 +23,10 @@ from .presets import FASHION_MNIST, HUB, INAT_FOLDERS, INAT_JSON, PRESETS, Datas
 DEFAULT_DATASET = "fashion-mnist"
 # looked for, in this order, when no eval split is named
 EVAL_SPLIT_CANDIDATES = ("validation", "val", "test", "valid", "eval")
+# a source without an evaluation split holds out this share of its training images
+DEFAULT_VAL_FRACTION = 0.1
+# the hold-out does not move with --seed: every run and `attnft eval` score the same images
+HOLD_OUT_SEED = 0
 # the buffer a streamed training split is shuffled through (its shards are shuffled too)
 STREAM_SHUFFLE_BUFFER = 10_000
 # files that mark a local copy of a hub repo (read by `datasets` like the hub would)
@@ -45,6 +50,7 @@ class TaskData:
     label_names: list[str]
     name: str
     source: str  # where the data came from, for logs and reports
+    held_out: str | None = None  # how the eval split was made when the source had none
 
     @property
     def num_classes(self) -> int:
@@ -79,6 +85,7 @@ def load_task(
     streaming: bool | None = None,
     max_train: int | None = None,
     max_eval: int | None = None,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
 ) -> TaskData:
     """Train and eval splits of ``dataset``.
 
@@ -88,8 +95,12 @@ def load_task(
     the hub. ``train_split`` may join splits with ``+``. ``streaming``: iterate
     without preparing the data first (None: the preset's default, else off).
     ``max_train`` / ``max_eval``: keep a seeded random subset (the first samples
-    when streaming). Raises :class:`DataError` for anything the user can fix.
+    when streaming). ``val_fraction``: the share of the training images held out (seeded,
+    stratified by class) when the source has no evaluation split and none is named.
+    Raises :class:`DataError` for anything the user can fix.
     """
+    if not 0 < val_fraction < 1:
+        raise DataError(f"val_fraction must be between 0 and 1, got {val_fraction}")
     for flag, value in (("max_train", max_train), ("max_eval", max_eval)):
         if value is not None and value < 1:
             raise DataError(f"{flag} must be at least 1, got {value}")
@@ -127,7 +138,7 @@ def load_task(
         name = dataset if dataset is not None and not os.path.isdir(dataset) else os.path.basename(
             os.path.normpath(location))
 
-    return loaded.finish(name, image_key, label_key, max_train, max_eval)
+    return loaded.finish(name, image_key, label_key, max_train, max_eval, val_fraction)
 
 
 # ---- what each source produces before the common finishing ------------------------------------
@@ -138,18 +149,24 @@ class _Loaded:
 
     source: str
     train: object  # datasets.Dataset | datasets.IterableDataset | ArrayRows
-    eval: object
+    eval: object  # None: the source has no evaluation split, one is held out of train
     train_split: str
-    eval_split: str
+    eval_split: str | None
     label_names: list[str] | None = None  # known up front for non-hub layouts
 
-    def finish(self, name: str, image_key, label_key, max_train, max_eval) -> TaskData:
+    def finish(self, name: str, image_key, label_key, max_train, max_eval, val_fraction) -> TaskData:
+        held_out = None
         if isinstance(self.train, ArrayRows):
             train, eval_ = self.train, self.eval
             image_key, label_key, label_names = "image", "label", self.label_names
         else:
             train, eval_, image_key, label_key, label_names = _prepare_columns(
-                self.train, self.eval, image_key, label_key, self.source)
+                self.train, self.train if self.eval is None else self.eval, image_key, label_key, self.source)
+            if self.eval is None:
+                train, eval_ = _hold_out(train, label_key, label_names, val_fraction, self.source)
+                held_out = (f"{len(eval_):,} images ({val_fraction:.0%}) held out of {self.train_split}, "
+                            f"stratified by class, seed {HOLD_OUT_SEED} (--val-fraction); none is in both")
+                self.eval_split = f"{self.train_split} (held out)"
             if isinstance(train, IterableDataset):
                 train = train.shuffle(seed=0, buffer_size=STREAM_SHUFFLE_BUFFER)
                 train = train.take(max_train) if max_train else train
@@ -165,7 +182,7 @@ class _Loaded:
             wrapped = ImageClassificationDataset(rows, image_key, label_key, where)
             splits.append(wrapped.subset(limit) if limit else wrapped)
         return TaskData(train=splits[0], eval=splits[1], label_names=list(label_names),
-                        name=name, source=self.source)
+                        name=name, source=self.source, held_out=held_out)
 
 
 # ---- presets ------------------------------------------------------------------------------------
@@ -269,9 +286,10 @@ def _load_saved(directory: str, train_split, eval_split, streaming) -> _Loaded:
     if isinstance(saved, Dataset):  # a single split saved on its own
         saved = DatasetDict({"train": saved})
     train_split, eval_split = _resolve_splits(list(saved), train_split, eval_split, f"saved dataset {directory}")
-    splits = [_concatenate([saved[part] for part in split.split("+")]) for split in (train_split, eval_split)]
+    splits = [_concatenate([saved[part] for part in split.split("+")]) if split else None
+              for split in (train_split, eval_split)]
     if streaming:
-        splits = [split.to_iterable_dataset(num_shards=_shards(split)) for split in splits]
+        splits = [split.to_iterable_dataset(num_shards=_shards(split)) if split else None for split in splits]
     return _Loaded(f"saved dataset {directory}", splits[0], splits[1], train_split, eval_split)
 
 
@@ -281,7 +299,7 @@ def _load_hf(path: str, source: str, train_split, eval_split, streaming, data_di
         builder = datasets.load_dataset_builder(path, data_dir=data_dir)
         available = [str(split) for split in (builder.config.data_files or builder.info.splits or {})]
         train_split, eval_split = _resolve_splits(available, train_split, eval_split, source)
-        needed = {part for split in (train_split, eval_split) for part in split.split("+")}
+        needed = {part for split in (train_split, eval_split) if split for part in split.split("+")}
         data_files = None
         if builder.config.data_files:
             data_files = {split: list(files) for split, files in builder.config.data_files.items() if str(split) in needed}
@@ -295,7 +313,8 @@ def _load_hf(path: str, source: str, train_split, eval_split, streaming, data_di
         raise DataError(f"no data files for {source}: {error}") from None
     except datasets.exceptions.DatasetGenerationError as error:
         raise DataError(f"cannot prepare {source}: {error.__cause__ or error}") from None
-    splits = [_concatenate([loaded[part] for part in split.split("+")]) for split in (train_split, eval_split)]
+    splits = [_concatenate([loaded[part] for part in split.split("+")]) if split else None
+              for split in (train_split, eval_split)]
     return _Loaded(source, splits[0], splits[1], train_split, eval_split)
 
 
@@ -308,15 +327,17 @@ def _hub_error(path: str, source: str, error: Exception) -> DataError:
     return DataError(f"cannot reach the hub for {source} ({error}); {instead}")
 
 
-def _resolve_splits(available: list[str], train_split, eval_split, source: str) -> tuple[str, str]:
-    """Default and check the split names; ``+`` joins several."""
+def _resolve_splits(available: list[str], train_split, eval_split, source: str) -> tuple[str, str | None]:
+    """Default and check the split names; ``+`` joins several. The eval split is None when
+    none was named and the source has none of :data:`EVAL_SPLIT_CANDIDATES`."""
     train_split = train_split or "train"
     if eval_split is None:
         eval_split = next((split for split in EVAL_SPLIT_CANDIDATES if split in available), None)
-        if eval_split is None:
-            raise DataError(f"{source} has no evaluation split; splits: {', '.join(available)}; pass --eval-split")
     resolved = []
     for split in (train_split, eval_split):
+        if split is None:  # no evaluation split: the caller holds one out of train
+            resolved.append(None)
+            continue
         parts = []
         for asked in split.split("+"):
             # an image folder's val/ is the split "validation"
@@ -329,6 +350,21 @@ def _resolve_splits(available: list[str], train_split, eval_split, source: str) 
 
 
 _SPLIT_ALIASES = {"val": "validation", "valid": "validation", "validation": "val"}
+
+
+def _hold_out(train, label_key: str, label_names: list[str], fraction: float, source: str):
+    """(train, eval): a seeded share ``fraction`` of ``train`` held out, stratified by class."""
+    if isinstance(train, IterableDataset):
+        raise DataError(f"{source} has no evaluation split to stream; pass --eval-split")
+    if not isinstance(train.features[label_key], ClassLabel):  # stratifying needs class labels
+        train = train.cast_column(label_key, ClassLabel(names=label_names))
+    counts = np.bincount(train[label_key], minlength=len(label_names))
+    if counts.min() < 2:
+        rare = label_names[int(counts.argmin())]
+        raise DataError(f"class {rare!r} of {source} has {counts.min()} image(s): holding out an evaluation "
+                        f"split needs two or more per class; add images or pass --eval-split")
+    parts = train.train_test_split(test_size=fraction, stratify_by_column=label_key, seed=HOLD_OUT_SEED)
+    return parts["train"], parts["test"]
 
 
 def _concatenate(parts: list):

@@ -5,7 +5,6 @@
 config does not follow a ``--res`` change by itself, the caller sets ``input_size``.
 """
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 from timm.data import Mixup as TimmMixup
@@ -13,6 +12,7 @@ from timm.data import auto_augment, create_transform
 from timm.data.mixup import mixup_target
 from torch.utils.data import Dataset, IterableDataset
 
+from ..augmentation import AugConfig
 from .images import ImageClassificationDataset, ImageClassificationIterable
 
 
@@ -35,35 +35,6 @@ def _patch_timm_posterize() -> None:
 
 
 _patch_timm_posterize()
-
-
-@dataclass
-class AugConfig:
-    """Training augmentation. The defaults are light (flip and random-resized crop, label
-    smoothing) so that a small task or a tiny smoke run is not drowned in noise;
-    :data:`DEIT_AUG` is the DeiT fine-tuning recipe."""
-
-    auto_augment: str | None = None  # timm string, e.g. "rand-m9-mstd0.5-inc1" (RandAugment)
-    reprob: float = 0.0  # random erasing probability
-    remode: str = "pixel"  # random erasing fill: "const", "rand" or "pixel"
-    recount: int = 1
-    color_jitter: float = 0.0  # brightness/contrast/saturation factor; timm ignores it under RandAugment
-    hflip: float = 0.5
-    vflip: float = 0.0
-    scale: tuple[float, float] = (0.08, 1.0)  # random-resized-crop area range
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    train_interpolation: str | None = None  # None: the data config's; "random" mixes bilinear and bicubic
-    mixup: float = 0.0  # mixup alpha; 0 turns it off
-    cutmix: float = 0.0  # cutmix alpha; 0 turns it off
-    mixup_prob: float = 1.0  # probability of mixing a batch at all
-    mixup_switch_prob: float = 0.5  # probability of cutmix instead of mixup when both are on
-    mixup_mode: str = "batch"  # "batch", "pair" or "elem"
-    smoothing: float = 0.1  # label smoothing (folded into the mixed targets when mixing)
-
-
-# DeiT / DeiT III fine-tuning augmentation (see ../shared/PAPER.md); DeiT III drops random erasing
-DEIT_AUG = AugConfig(auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25, color_jitter=0.3,
-                     train_interpolation="bicubic", mixup=0.8, cutmix=1.0, smoothing=0.1)
 
 
 def build_transforms(data_config: dict, *, train: bool, aug: AugConfig | None = None) -> Callable:
