@@ -35,7 +35,8 @@ without ``set_input_size`` must be created at the adapter's ``input_size``, and 
 Safety. Files are written to a hidden temporary folder beside the target, fsynced, and renamed
 into place (an atomic exchange when overwriting), so a reader sees the old adapter or the new
 one, never a half-written one. Reading checks the header, the size and the sha256 against the
-config before any tensor is parsed, and never unpickles.
+config before any tensor is parsed, and never unpickles. A tensor holding NaN or inf is never
+saved, and reading or verifying refuses one.
 """
 from __future__ import annotations
 
@@ -44,12 +45,14 @@ import errno
 import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
 import tempfile
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Mapping, Optional, Union
 
 import torch
 from torch import nn
@@ -304,9 +307,10 @@ def save_adapter(
     if mode == "delta" and delta_dtype not in DELTA_DTYPES:
         raise ConfigError(f"unknown delta dtype {delta_dtype!r}: choose {' or '.join(DELTA_DTYPES)}")
     if path.exists() and not overwrite:
-        raise StoreError(f"an adapter already exists at {path}: pass overwrite=True (--overwrite) to replace it")
+        raise StoreError(f"an adapter already exists at {path}: pass --overwrite to replace it")
 
     trained = report.trained_tensors(model)
+    check_finite(trained, f"adapter {path.name}")
     left_out = unfingerprinted_names(model, report.role_map)
     if check_base and _fingerprint_at_start(model, report, base, left_out) != base.fingerprint:
         raise AdapterError(
@@ -448,76 +452,115 @@ def read_config(path: PathLike) -> AdapterConfig:
 
 
 def verify_adapter(path: PathLike) -> AdapterConfig:
-    """Check an adapter folder without loading tensors: config, safetensors header, size, sha256, names, shapes."""
+    """Check an adapter folder against its config: size, safetensors layout, tensor names, shapes and dtypes,
+    sha256, classes against the head's rows, every value finite. AdapterError naming what is off."""
+    return _read_verified(Path(path), keep=False)[0]
+
+
+def read_adapter(path: PathLike) -> Adapter:
+    """Read and verify an adapter folder (as :func:`verify_adapter`). Tensors come from safetensors; nothing is unpickled."""
     path = Path(path)
+    config, tensors = _read_verified(path, keep=True)
+    return Adapter(config=config, tensors=tensors, path=path)
+
+
+def _read_verified(path: Path, keep: bool) -> tuple[AdapterConfig, dict[str, torch.Tensor]]:
+    """Every check of :func:`verify_adapter`, cheapest first; the tensors too if ``keep``."""
     config = read_config(path)
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         raise AdapterError(f"{path} has no {WEIGHTS_FILE}")
-    header = _read_safetensors_header(weights)
+    size = weights.stat().st_size
+    if config.weights_bytes and size != config.weights_bytes:
+        raise AdapterError(f"{weights} has {size} bytes, its config says {config.weights_bytes}: truncated or replaced")
+    header = safetensors_header(weights)
     _check_header_matches_config(header, config, weights)
-    if config.weights_bytes and weights.stat().st_size != config.weights_bytes:
-        raise AdapterError(f"{weights} has {weights.stat().st_size} bytes, its config says {config.weights_bytes}: truncated or replaced")
     if sha256_file(weights) != config.weights_sha256:
         raise AdapterError(f"{weights} does not match the sha256 in its config: the file is corrupted or was replaced")
-    return config
+    check_num_classes({name: info["shape"] for name, info in header.items()}, config.num_classes, str(path / CONFIG_FILE))
+    if config.label_names is not None and len(config.label_names) != config.num_classes:
+        raise AdapterError(f"{path / CONFIG_FILE} has {len(config.label_names)} label names for {config.num_classes} classes")
+    return config, check_finite_file(weights, keep=keep)
 
 
-def read_adapter(path: PathLike) -> Adapter:
-    """Read and verify an adapter folder. Tensors come from safetensors; nothing is unpickled."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def safetensors_header(weights: Path) -> dict[str, dict]:
+    """name -> {"dtype": "F32", "shape": [...]} of a safetensors file, read without its data.
 
-    path = Path(path)
-    config = verify_adapter(path)
+    ``safe_open`` refuses a header that is not JSON, offsets that do not fit the shapes, and a
+    file that is shorter or longer than its header says; that is one AdapterError here.
+    """
+    from safetensors import SafetensorError, safe_open
+
     try:
-        tensors = load_file(str(path / WEIGHTS_FILE))
+        with safe_open(str(weights), framework="pt") as f:
+            slices = {name: f.get_slice(name) for name in f.keys()}
+            return {name: {"dtype": s.get_dtype(), "shape": list(s.get_shape())} for name, s in slices.items()}
     except SafetensorError as e:
-        raise AdapterError(f"{path / WEIGHTS_FILE} cannot be read: {e}") from None
-    return Adapter(config=config, tensors=tensors, path=path)
+        detail = str(e).removeprefix("Error while deserializing header: ")
+        raise AdapterError(f"{weights} has a corrupted header ({detail})") from None
+
+
+def check_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    """AdapterError naming the first tensor that holds NaN or inf, before ``what`` is saved."""
+    for name, tensor in tensors.items():
+        bad = _nonfinite_count(tensor)
+        if bad:
+            raise AdapterError(
+                f"refusing to save {what}: {name} holds {bad} NaN/inf values of {tensor.numel()} "
+                "(did training diverge? try a lower learning rate); nothing was written"
+            )
+
+
+def check_finite_file(weights: Path, *, keep: bool = False) -> dict[str, torch.Tensor]:
+    """AdapterError naming the first tensor of ``weights`` that holds NaN or inf; the tensors if ``keep``.
+
+    One tensor is in memory at a time unless ``keep``.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    kept = {}
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            for name in f.keys():
+                tensor = f.get_tensor(name)
+                bad = _nonfinite_count(tensor)
+                if bad:
+                    raise AdapterError(f"{weights}: {name} holds {bad} NaN/inf values of {tensor.numel()}: the adapter is broken")
+                if keep:
+                    kept[name] = tensor
+    except SafetensorError as e:
+        raise AdapterError(f"{weights} cannot be read: {e}") from None
+    return kept
+
+
+def _nonfinite_count(tensor: torch.Tensor) -> int:
+    if not (tensor.is_floating_point() or tensor.is_complex()):
+        return 0
+    return int((~torch.isfinite(tensor.detach())).sum())
+
+
+# timm's classifier attributes: their weight's first dimension is the number of classes
+_CLASSIFIER_MODULES = ("head", "head_dist")
+
+
+def check_num_classes(shapes: Mapping[str, list], num_classes: Optional[int], where: str) -> None:
+    """AdapterError if the stored head has no weight with ``num_classes`` rows (``shapes``: name -> shape).
+
+    A head may hold more than one matrix (e.g. a pre-logits layer before the classifier), so
+    one of them must have that many rows; an adapter without a head weight is not checked.
+    """
+    heads = {
+        name: list(shape)
+        for name, shape in shapes.items()
+        if name.split(".", 1)[0] in _CLASSIFIER_MODULES and name.endswith("weight") and len(shape) >= 2
+    }
+    if num_classes is None or not heads or any(shape[0] == num_classes for shape in heads.values()):
+        return
+    name, shape = next(iter(heads.items()))
+    raise AdapterError(f"{where} says {num_classes} classes, but the stored head {name} has {shape[0]} rows: the config does not fit its weights")
 
 
 _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-_SAFETENSORS_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-
-
-def _read_safetensors_header(weights: Path) -> dict:
-    """The JSON header of a safetensors file, checked to describe exactly the bytes that follow it."""
-    size = weights.stat().st_size
-    with open(weights, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise AdapterError(f"{weights} is truncated: no safetensors header")
-        header_len = int.from_bytes(prefix, "little")
-        if header_len > min(size - 8, 100_000_000):
-            raise AdapterError(f"{weights} has a corrupted header (length {header_len} for a {size}-byte file)")
-        raw = f.read(header_len)
-    try:
-        header = json.loads(raw)
-        if not isinstance(header, dict):
-            raise ValueError("not an object")
-    except (ValueError, UnicodeDecodeError):
-        raise AdapterError(f"{weights} has a corrupted header (not valid JSON)") from None
-    header.pop("__metadata__", None)
-    data_len = size - 8 - header_len
-    end = 0
-    for name, info in header.items():
-        try:
-            begin, stop = (int(n) for n in info["data_offsets"])
-            numel = 1
-            for n in info["shape"]:
-                numel *= int(n)
-            consistent = 0 <= begin <= stop and stop - begin == numel * _SAFETENSORS_ITEMSIZE[info["dtype"]]
-        except (KeyError, TypeError, ValueError):
-            consistent = False
-        if not consistent:
-            raise AdapterError(f"{weights} has a corrupted header entry for {name}")
-        end = max(end, stop)
-        if stop > data_len:
-            raise AdapterError(f"{weights} is truncated: {name} ends at byte {stop} of {data_len}")
-    if end != data_len:
-        raise AdapterError(f"{weights} has {data_len - end} stray bytes after its tensors")
-    return header
 
 
 def _check_header_matches_config(header: dict, config: AdapterConfig, weights: Path) -> None:
@@ -534,12 +577,15 @@ def _check_header_matches_config(header: dict, config: AdapterConfig, weights: P
             )
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
+def sha256_file(path: PathLike) -> str:
+    """sha256 hex of a file's bytes."""
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
+        if hasattr(hashlib, "file_digest"):  # Python 3.11+
+            return hashlib.file_digest(f, "sha256").hexdigest()
+        digest = hashlib.sha256()
+        for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
-    return digest.hexdigest()
+        return digest.hexdigest()
 
 
 # --- loading ---------------------------------------------------------------------------------
@@ -581,8 +627,8 @@ def load_adapter(
             cast = f" (this model is {dtype}, the base was {config.dtype}: load the adapter first, then cast)" if dtype != config.dtype else ""
             raise BaseMismatchError(
                 f"{where} was trained on base {config.model_name} with fingerprint {config.base_fingerprint[:12]}, "
-                f"this model's is {found[:12]}{cast}: load the weights it was trained on, or ignore_fingerprint=True "
-                "(--ignore-fingerprint) if you are sure they match"
+                f"this model's is {found[:12]}{cast}: load the weights it was trained on, or pass --ignore-fingerprint "
+                "if you are sure they match"
             )
     _check_shapes(dict(model.named_parameters()), config, where, skip=changing)
 
@@ -599,7 +645,7 @@ def load_adapter(
         _fit_input_size(model, created_at, config.input_size, where)
     _check_names(build_role_map(model), config, where)
     params = dict(model.named_parameters())
-    hint = f"; create the base with img_size={config.input_size}" if created_at != config.input_size else ""
+    hint = f"; create the base at that size (--res {config.input_size}, img_size={config.input_size} in Python)" if created_at != config.input_size else ""
     _check_shapes(params, config, where, hint=hint)
 
     values = adapter.trained_values(model)
@@ -667,7 +713,7 @@ def _fit_input_size(model: nn.Module, created_at: int, size: int, where: str) ->
     if get_model_input_config(model)["fixed_input_size"]:
         raise AdapterError(
             f"{where} was trained at {size}px, this {type(model).__name__} was created at {created_at}px "
-            f"and cannot be resized in place: create the base with img_size={size}"
+            f"and cannot be resized in place: create the base at that size (--res {size}, img_size={size} in Python)"
         )
     # a model that takes any input size (PVTv2) needs nothing; grid-sized tables are checked next
 
@@ -736,45 +782,119 @@ _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 
 
-def write_directory_atomically(target: PathLike, write: Callable[[Path], None], *, overwrite: bool = False) -> None:
+def write_directory_atomically(target: PathLike, write: Callable[[Path], None], *, overwrite: bool = False, what: Optional[str] = None) -> None:
     """Make folder ``target`` appear complete or not at all.
 
-    ``write(folder)`` fills a hidden temporary folder beside ``target``; its files and the folder
-    are fsynced, then it is renamed to ``target`` (refusing an existing one) or, with
-    ``overwrite``, exchanged with it in one step. A crash leaves at most a hidden ``.tmp-*``
-    folder, which :meth:`attnft.store.AdapterStore.remove_leftovers` clears.
+    ``write(folder)`` fills a hidden temporary folder beside ``target``; its files (made 0644) and
+    the folder are fsynced, then it is renamed to ``target`` (refusing an existing one) or, with
+    ``overwrite``, exchanged with it in one step. Any failure removes the temporary folder and
+    leaves ``target`` as it was; an OSError (full disk, permissions, read-only file system)
+    becomes one StoreError line naming ``what`` (default ``adapter NAME``) and the folder. A crash
+    leaves at most a hidden ``.tmp-*`` folder, which :meth:`attnft.store.AdapterStore.remove_leftovers` clears.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists() and not overwrite:
-        raise StoreError(f"{target} already exists: pass overwrite=True (--overwrite) to replace it")
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-{os.getpid()}-", dir=target.parent))
+    doing = f"writing {what or f'adapter {target.name}'} to {target.parent}"
+    _refuse_existing(target, overwrite)
+    ancestor = nearest_existing(target.parent)
+    if not ancestor.is_dir():
+        raise StoreError(f"cannot create {target.parent}: {ancestor} is a file, not a folder")
+    tmp = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-{os.getpid()}-", dir=target.parent))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private
         write(tmp)
         for item in tmp.iterdir():
+            if item.is_file() and not item.is_symlink():
+                # safetensors writes through a private temporary file (0600); the other files are 0644
+                os.chmod(item, 0o644)
             _fsync(item)
         _fsync(tmp)
-        if target.exists():
-            if not overwrite:
-                raise StoreError(f"{target} already exists: pass overwrite=True (--overwrite) to replace it")
-            _exchange(tmp, target)  # tmp now holds the old folder
-            shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.lexists(target):
+            _refuse_existing(target, overwrite)  # another writer may have been faster
+            _exchange(tmp, target)  # tmp now holds the old entry (a symlink, if target was one)
         else:
             _rename_noreplace(tmp, target)
+            tmp = None
         _fsync(target.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    except OSError as e:
+        raise io_error(e, doing) from None
+    except Exception as e:
+        os_error = _os_error_inside(e)
+        if os_error is None:
+            raise
+        raise io_error(os_error, doing) from None
+    finally:
+        if tmp is not None:
+            remove_entry(tmp)
 
 
-def remove_directory_atomically(target: PathLike) -> None:
-    """Delete folder ``target`` so that readers see it whole or gone: rename it hidden, then remove."""
+def remove_directory_atomically(target: PathLike, *, what: Optional[str] = None) -> None:
+    """Delete folder ``target`` so that readers see it whole or gone: rename it hidden, then remove it.
+
+    A symlink is removed as a link (what it points to stays). The rename needs no free space,
+    so this works on a full disk; an OSError becomes one StoreError line and ``target`` stays.
+    """
     target = Path(target)
-    trash = Path(tempfile.mkdtemp(prefix=f".del-{target.name}-{os.getpid()}-", dir=target.parent))
-    os.rename(target, trash / "old")
-    _fsync(target.parent)
-    shutil.rmtree(trash, ignore_errors=True)
+    trash = target.parent / f".del-{target.name}-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        _rename_noreplace(target, trash)
+    except OSError as e:
+        raise io_error(e, f"deleting {what or f'adapter {target.name}'} from {target.parent}") from None
+    remove_entry(trash)  # a leftover is hidden, never listed, and cleared by the next write
+    try:
+        _fsync(target.parent)
+    except OSError:
+        pass  # the rename is done; the directory entry reaches the disk with the next sync
+
+
+def nearest_existing(path: PathLike) -> Path:
+    """``path`` if it exists, else the nearest folder above it that does (what creating it would write into)."""
+    path = Path(path)
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def remove_entry(path: Path) -> None:
+    """Remove a file, a symlink (not what it points to) or a folder tree; errors ignored (best effort)."""
+    try:
+        if path.is_symlink() or not path.is_dir():
+            path.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+    except OSError:
+        pass
+
+
+_IO_REASONS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EROFS: "read-only file system",
+}
+
+
+def io_error(error: OSError, doing: str) -> StoreError:
+    """An OSError as one user-facing line: ``no space left on device writing adapter X to DIR``."""
+    reason = _IO_REASONS.get(error.errno) or (error.strerror or str(error)).lower()
+    return StoreError(f"{reason} {doing}")
+
+
+def _os_error_inside(error: Exception) -> Optional[OSError]:
+    """The OSError behind a safetensors write error, which reaches Python as text ("... (os error 28)")."""
+    from safetensors import SafetensorError
+
+    match = re.search(r"\(os error (\d+)\)", str(error)) if isinstance(error, SafetensorError) else None
+    return OSError(int(match.group(1)), os.strerror(int(match.group(1)))) if match else None
+
+
+def _refuse_existing(target: Path, overwrite: bool) -> None:
+    if target.is_symlink() and not target.exists():
+        raise StoreError(f"{target} is a symbolic link to a missing {os.readlink(target)}: remove it, or choose another name")
+    if target.exists() and not overwrite:
+        raise StoreError(f"{target} already exists: pass --overwrite to replace it")
 
 
 def _fsync(path: Path) -> None:
@@ -798,14 +918,14 @@ def _renameat2(src: Path, dst: Path, flags: int) -> bool:
     if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
         return False
     if err == errno.EEXIST:
-        raise StoreError(f"{dst} already exists: pass overwrite=True (--overwrite) to replace it")
+        raise StoreError(f"{dst} already exists: pass --overwrite to replace it")
     raise OSError(err, os.strerror(err), str(dst))
 
 
 def _rename_noreplace(src: Path, dst: Path) -> None:
     if not _renameat2(src, dst, _RENAME_NOREPLACE):
-        if dst.exists():
-            raise StoreError(f"{dst} already exists: pass overwrite=True (--overwrite) to replace it")
+        if os.path.lexists(dst):
+            raise StoreError(f"{dst} already exists: pass --overwrite to replace it")
         os.rename(src, dst)
 
 

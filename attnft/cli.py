@@ -52,13 +52,24 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.run(args) or 0
+        code = args.run(args) or 0
+        sys.stdout.flush()  # a reader that went away shows here, not as a traceback at exit
+        return code
     except AttnftError as e:
         print(f"attnft: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnft: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `attnft adapters show NAME | head -1`: the reader closed the pipe. Python's recipe (see
+        # the signal module's note on SIGPIPE): point stdout at devnull so the flush at exit is quiet.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass  # stdout is not a file descriptor (captured in tests): nothing will flush to the pipe
+        return 1
 
 
 if __name__ == "__main__":

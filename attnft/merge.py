@@ -97,7 +97,7 @@ def export_merged(
 
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
-        raise StoreError(f"{out_dir} already exists: pass overwrite=True (--overwrite) to replace it")
+        raise StoreError(f"{out_dir} already exists: pass --overwrite to replace it")
     state = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
     architecture = model.pretrained_cfg["architecture"]
     try:
@@ -114,7 +114,7 @@ def export_merged(
         (folder / EXPORT_CARD).write_text(_export_card(result, title or out_dir.name))
 
     try:
-        write_directory_atomically(out_dir, write, overwrite=overwrite)
+        write_directory_atomically(out_dir, write, overwrite=overwrite, what=f"export {out_dir.name}")
     except ValueError as e:  # timm refuses a config it cannot serialise
         raise AdapterError(f"cannot export {architecture}: {e}") from None
     return result
@@ -134,7 +134,7 @@ def export_adapter(
     Nothing is written unless the adapter verifies and fits the base.
     """
     if Path(out_dir).exists() and not overwrite:
-        raise StoreError(f"{out_dir} already exists: pass overwrite=True (--overwrite) to replace it")
+        raise StoreError(f"{out_dir} already exists: pass --overwrite to replace it")
     adapter = adapter if isinstance(adapter, Adapter) else read_adapter(adapter)
     model = base_model if base_model is not None else create_base(adapter.config, base_checkpoint)
     config = load_adapter(model, adapter, ignore_fingerprint=ignore_fingerprint)

@@ -2,7 +2,9 @@
 
 Names are ``[A-Za-z0-9][A-Za-z0-9._-]*`` without ``..``, so a name can never reach outside the
 store. Hidden entries (``.tmp-*`` being written, ``.del-*`` being deleted) are never listed;
-every write and delete is atomic (see :func:`attnft.adapters.write_directory_atomically`).
+every write and delete is atomic (see :func:`attnft.adapters.write_directory_atomically`), and
+a failed one (full disk, permissions) is one StoreError line with the store as it was. Every
+write first clears the hidden entries killed writers left behind (:meth:`AdapterStore.remove_leftovers`).
 
 Two formats live side by side: attnft's own (:mod:`attnft.adapters`, from a freezing policy)
 and peft's (:mod:`attnft.peft_methods`, from ``lora`` / ``ia3`` policies). Both folders hold
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,15 +33,22 @@ from .adapters import (
     Adapter,
     AdapterConfig,
     BaseSnapshot,
+    check_finite,
+    check_finite_file,
+    check_num_classes,
+    io_error,
     load_adapter,
+    nearest_existing,
     read_adapter,
     read_config,
     remove_directory_atomically,
+    remove_entry,
+    safetensors_header,
     save_adapter,
     verify_adapter,
     write_directory_atomically,
 )
-from .errors import AttnftError, OfflineError, StoreError
+from .errors import AdapterError, AttnftError, OfflineError, StoreError
 from .policy import PolicyReport
 
 if TYPE_CHECKING:
@@ -53,6 +63,12 @@ DEFAULT_STORE = "adapters"
 # attnft.peft_methods.SIDECAR_FILE, repeated so that telling the formats apart does not import
 # peft (seconds); tests/test_peft_integration.py checks the two agree
 PEFT_SIDECAR_FILE = "attnft.json"
+PEFT_KEY_PREFIX = "base_model.model."  # peft's prefix on every saved tensor name
+# A hidden entry is cleared automatically only if its writer's pid is dead here AND nothing in it
+# changed for this long. The pid alone is not enough: a store on a shared disk may be written from
+# another machine or container, whose pids mean nothing here; a live writer touches its files.
+STALE_AFTER_S = 60.0
+_HIDDEN_ENTRY = re.compile(r"\.(?:tmp|del)-.+-(\d+)-[A-Za-z0-9_]+")
 
 
 def default_store_root() -> Path:
@@ -88,7 +104,14 @@ def _peft():
 
 
 def _verify_folder(path: Path) -> Union[AdapterConfig, "PeftAdapterInfo"]:
-    return _peft().verify_peft_adapter(path) if is_peft_folder(path) else verify_adapter(path)
+    if not is_peft_folder(path):
+        return verify_adapter(path)
+    info = _peft().verify_peft_adapter(path)  # sizes, sha256, peft's config, a tensor per target
+    weights = path / WEIGHTS_FILE
+    shapes = {name.removeprefix(PEFT_KEY_PREFIX): entry["shape"] for name, entry in safetensors_header(weights).items()}
+    check_num_classes(shapes, info.num_classes, str(path / PEFT_SIDECAR_FILE))
+    check_finite_file(weights)
+    return info
 
 
 @dataclass
@@ -130,8 +153,48 @@ class AdapterStore:
 
     def _existing(self, name: str) -> Path:
         path = self.path(name)
+        self._check_root()
         if not path.is_dir():
             raise StoreError(f"no adapter named {name!r} in {self.root}")
+        return path
+
+    def _check_root(self) -> None:
+        """StoreError if the root, or the nearest existing folder above it, is a file."""
+        ancestor = nearest_existing(self.root)
+        if ancestor.exists() and not ancestor.is_dir():
+            problem = "is a file, not a folder" if ancestor == self.root else f"cannot be created under the file {ancestor}"
+            raise StoreError(f"the store {self.root} {problem}: pass --store a folder (or set ${STORE_ENV})")
+
+    def check_writable(self, name: str, overwrite: bool = False, needed_bytes: int = 0) -> Path:
+        """Where adapter ``name`` would be saved, if saving it can work; else StoreError. Writes nothing.
+
+        Call it before training, so that a run does not end in an error it could have found in
+        a second. Checks that ``name`` is valid; that the store is a folder, or can be created,
+        and can be written (permissions, read-only file system); that at least ``needed_bytes``
+        (default: any) are free; and that the entry ``name`` is free, or an adapter and
+        ``overwrite`` -- never a dangling symlink, a file or a folder that is not an adapter,
+        which ``overwrite`` would destroy. :meth:`save` and :meth:`import_folder` call it too.
+        """
+        path = self.path(name)
+        self._check_root()
+        folder = nearest_existing(self.root)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+            raise StoreError(f"{'read-only file system' if read_only else 'permission denied'} writing adapter {name} to {self.root}")
+        free = shutil.disk_usage(folder).free
+        if free < max(needed_bytes, 1):
+            needed = f", {needed_bytes} needed" if needed_bytes else ""
+            raise StoreError(f"no space left on device writing adapter {name} to {self.root} ({free} bytes free{needed})")
+        if path.is_symlink() and not path.exists():
+            raise StoreError(
+                f"{path} is a symbolic link to a missing {os.readlink(path)}: "
+                f"remove it (attnft adapters delete {name}) or choose another name"
+            )
+        if os.path.lexists(path):
+            if not self.exists(name):
+                raise StoreError(f"{path} exists and is not an adapter: move it away or choose another name")
+            if not overwrite:
+                raise StoreError(f"an adapter named {name!r} exists in {self.root}: pass --overwrite to replace it")
         return path
 
     def format_of(self, name: str) -> str:
@@ -158,38 +221,49 @@ class AdapterStore:
         format; the report holds the base fingerprint, so no ``base``; ``save_kwargs`` are
         ``label_names``, ``metadata`` and ``model_name`` (:func:`attnft.peft_methods.save_peft_adapter`).
         """
-        path = self.path(name)
+        path = self.check_writable(name, overwrite)
+        self._clean_stale()
         if isinstance(report, PolicyReport):
             if base is None:
                 raise TypeError("an attnft adapter needs base, the BaseSnapshot captured before training")
             save_kwargs.setdefault("title", name)
-            save_adapter(path, model, report, base, overwrite=overwrite, **save_kwargs)
+            save_adapter(path, model, report, base, overwrite=overwrite, **save_kwargs)  # refuses NaN / inf itself
             return path
         peft = _peft()
         if not isinstance(report, peft.PeftReport):
             raise TypeError(f"cannot save an adapter from a {type(report).__name__}: pass a PolicyReport or a PeftReport")
         if base is not None:
             raise TypeError("a peft adapter takes its base fingerprint from its PeftReport: pass no base")
+        check_finite(report.trained_tensors(model), f"adapter {name}")
         peft.save_peft_adapter(model, report, path, overwrite=overwrite, **save_kwargs)
         return path
 
     def import_folder(self, source: Union[str, os.PathLike], name: str, *, overwrite: bool = False) -> Path:
-        """Copy a verified adapter folder (e.g. downloaded from a hub) into the store as ``name``."""
-        path = self.path(name)
-        source = Path(source)
-        _verify_folder(source)  # refuse a broken folder before anything is written
+        """Copy a verified adapter folder (e.g. downloaded from a hub) into the store as ``name``.
+
+        Only its regular files are copied (hidden ones and sub-folders are left out); a symlink,
+        the folder itself or any file in it, is refused: its content could be anything anywhere.
+        """
+        path = self.check_writable(name, overwrite)
+        files = _files_to_import(Path(source))
+        _verify_folder(Path(source))  # refuse a broken folder before anything is written
+        self._clean_stale()
 
         def write(folder: Path) -> None:
-            for item in source.iterdir():
-                if item.is_file() and not item.name.startswith("."):
-                    shutil.copyfile(item, folder / item.name)
+            for item in files:
+                _copy_regular_file(item, folder / item.name)
             _verify_folder(folder)  # the copy, not just the source
 
         write_directory_atomically(path, write, overwrite=overwrite)
         return path
 
     def delete(self, name: str) -> None:
-        remove_directory_atomically(self._existing(name))
+        """Remove adapter ``name``; a symlink in the store is removed as a link, what it points to stays."""
+        path = self.path(name)
+        if not path.is_symlink():
+            path = self._existing(name)
+        self._clean_stale()
+        remove_directory_atomically(path)
 
     # --- a Hugging Face hub ---
     # ``hub`` is anything with HfApi's create_repo / upload_folder / snapshot_download (default: HfApi()).
@@ -206,9 +280,7 @@ class AdapterStore:
 
     def pull(self, repo_id: str, name: str, *, revision: Optional[str] = None, hub=None, overwrite: bool = False) -> Path:
         """Download the adapter in hub repo ``repo_id`` and import it as ``name``, verified; nothing is kept if it fails."""
-        path = self.path(name)
-        if path.exists() and not overwrite:
-            raise StoreError(f"an adapter named {name!r} exists in {self.root}: pass overwrite=True (--overwrite) to replace it")
+        self.check_writable(name, overwrite)
         hub = hub or _hf_api()
         with tempfile.TemporaryDirectory(prefix=".pull-") as download:
             with _hub_errors(repo_id):
@@ -243,10 +315,12 @@ class AdapterStore:
         return _peft().read_peft_adapter(path) if is_peft_folder(path) else read_config(path)
 
     def verify(self, name: str) -> Union[AdapterConfig, "PeftAdapterInfo"]:
-        """Check the files of ``name`` (sizes, sha256, names, shapes); AdapterError if anything is off."""
+        """Check the files of ``name`` against its config (sizes, sha256, names, shapes, classes) and every value
+        finite; AdapterError naming what is off."""
         return _verify_folder(self._existing(name))
 
     def names(self) -> list[str]:
+        self._check_root()
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and NAME_PATTERN.fullmatch(p.name) and ".." not in p.name)
@@ -275,22 +349,28 @@ class AdapterStore:
         return info
 
     def remove_leftovers(self, older_than_s: float = 0.0) -> list[Path]:
-        """Remove hidden ``.tmp-*`` / ``.del-*`` folders left by killed writers (whose process is gone)."""
+        """Remove hidden ``.tmp-*`` / ``.del-*`` entries left by killed writers: their pid is not alive here and
+        nothing in them changed for ``older_than_s`` seconds. Folders, files and symlinks alike (a link, not
+        its target). Every write calls it with :data:`STALE_AFTER_S`."""
         removed = []
         if not self.root.is_dir():
             return removed
         now = time.time()
         for entry in self.root.iterdir():
-            if not (entry.name.startswith(".tmp-") or entry.name.startswith(".del-")):
+            match = _HIDDEN_ENTRY.fullmatch(entry.name)
+            if match is None or _alive(int(match.group(1))):
                 continue
-            pid = _writer_pid(entry.name)
-            if pid is not None and _alive(pid):
+            if now - _last_change(entry) < older_than_s:
                 continue
-            if now - entry.stat().st_mtime < older_than_s:
-                continue
-            shutil.rmtree(entry, ignore_errors=True)
+            remove_entry(entry)
             removed.append(entry)
         return removed
+
+    def _clean_stale(self) -> None:
+        try:
+            self.remove_leftovers(older_than_s=STALE_AFTER_S)
+        except OSError:
+            pass  # a courtesy to the store: it must never stop the write itself
 
 
 def _summary(name: str, path: Path) -> AdapterSummary:
@@ -356,20 +436,57 @@ def _folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
 
 
-def _writer_pid(hidden_name: str) -> Optional[int]:
-    # .tmp-<name>-<pid>-<random>; names may contain '-', the pid is the second field from the end
-    parts = hidden_name.rsplit("-", 2)
-    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
     return True
 
 
-__all__ = ["AdapterStore", "AdapterSummary", "check_name", "default_store_root", "is_peft_folder", "WEIGHTS_FILE"]
+def _last_change(entry: Path) -> float:
+    """The newest mtime of a hidden entry and what is directly in it (a writer updates the file it writes)."""
+    times = [entry.lstat().st_mtime]
+    if entry.is_dir() and not entry.is_symlink():
+        for item in entry.iterdir():
+            try:
+                times.append(item.lstat().st_mtime)
+            except FileNotFoundError:
+                continue  # removed while we looked
+    return max(times)
+
+
+def _files_to_import(source: Path) -> list[Path]:
+    """The regular, non-hidden files of folder ``source``; StoreError on any symlink."""
+    if source.is_symlink():
+        raise StoreError(f"{source} is a symbolic link to {os.readlink(source)}: import the folder itself")
+    if not source.is_dir():
+        raise AdapterError(f"no adapter folder at {source}")
+    files = []
+    for item in sorted(source.iterdir()):
+        if item.name.startswith("."):
+            continue  # e.g. huggingface_hub's .cache; never part of an adapter
+        if item.is_symlink():
+            raise StoreError(f"{item} is a symbolic link: import copies regular files only; replace it with the file it points to")
+        if stat.S_ISREG(item.lstat().st_mode):
+            files.append(item)
+    return files
+
+
+def _copy_regular_file(source: Path, target: Path) -> None:
+    """Copy ``source``, refusing it if it became a symlink or something else since it was listed."""
+    try:
+        # no following a symlink swapped in since the listing, no blocking on a FIFO
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise io_error(e, f"reading {source}") from None
+    with open(fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+            raise StoreError(f"{source} is not a regular file: import copies regular files only")
+        with open(target, "xb") as dst:
+            shutil.copyfileobj(src, dst)
+
+
+__all__ = ["AdapterStore", "AdapterSummary", "STALE_AFTER_S", "check_name", "default_store_root", "is_peft_folder", "WEIGHTS_FILE"]

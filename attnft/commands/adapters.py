@@ -28,7 +28,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(action=run_show)
 
-    p = commands.add_parser("verify", parents=[store], help="check files, header, shapes and sha256 (all adapters if no NAME)")
+    p = commands.add_parser("verify", parents=[store], help="check files, header, shapes, classes, sha256 and NaN/inf values (all adapters if no NAME)")
     p.add_argument("names", nargs="*", metavar="NAME")
     p.add_argument("--num-classes", type=int, default=None, help="also require this many classes")
     p.add_argument("--policy", default=None, help="also require this policy")
@@ -38,7 +38,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("name")
     p.set_defaults(action=run_delete)
 
-    p = commands.add_parser("import", parents=[store], help="copy a verified adapter folder into the store")
+    p = commands.add_parser("import", parents=[store], help="copy a verified adapter folder (its regular files; no symlinks) into the store")
     p.add_argument("folder", help="an adapter folder, e.g. a hub download")
     p.add_argument("name")
     p.add_argument("--overwrite", action="store_true", help="replace an existing adapter of that name")
