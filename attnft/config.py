@@ -49,6 +49,8 @@ def _as_flags(settings: dict) -> str:
 
 
 MODEL, DATA, AUG, OPTIM, RUN, STORE = "model", "data", "augmentation", "optimisation", "run", "store"
+DISTILL = "distillation"
+DISTILLATION_TYPES = ("none", "hard", "soft")
 
 
 @dataclass
@@ -117,6 +119,18 @@ class FinetuneConfig:
                              "repeated augmentation: 3); an epoch keeps its length, so it holds 1/N of the images",
                              group=AUG)
     smoothing: float = _opt(0.1, "label smoothing", group=AUG)
+    # --- distillation (DeiT's): a frozen teacher labels every training batch
+    teacher: Optional[str] = _opt(None, "teacher model (timm name, hf-hub:, local-dir:; default with --teacher-adapter: "
+                                  "the adapter's base)", metavar="NAME", group=DISTILL)
+    teacher_checkpoint: Optional[str] = _opt(None, "weights file for the teacher", metavar="FILE", group=DISTILL)
+    teacher_adapter: Optional[str] = _opt(None, "adapter (name in the store, or a folder) applied to the teacher, "
+                                          "e.g. a fully fine-tuned run", metavar="NAME|DIR", group=DISTILL)
+    distillation: Optional[str] = _opt(None, "hard (CE on the teacher's argmax, DeiT's), soft (KL at --distillation-tau) "
+                                       "or none (default: hard with a teacher)", choices=DISTILLATION_TYPES,
+                                       group=DISTILL)
+    distillation_alpha: float = _opt(0.5, "weight of the distillation term (the label term gets 1 - alpha)",
+                                     group=DISTILL)
+    distillation_tau: float = _opt(1.0, "soft distillation temperature", group=DISTILL)
     # --- optimisation
     epochs: int = _opt(1, "passes over the training split", group=OPTIM)
     steps: Optional[int] = _opt(None, "stop after this many optimizer steps (the schedule spans them)",
@@ -176,6 +190,7 @@ class FinetuneConfig:
         _require(0 <= self.smoothing < 1, "smoothing must be in [0, 1)")
         _require(0 <= self.drop_path < 1, "drop_path must be in [0, 1)")
         _check_augmentation(self)
+        _check_distillation(self)
         _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
         _require(self.clip_grad is None or self.clip_grad > 0, "clip_grad must be positive")
         _require(self.workers >= 0, "workers must not be negative")
@@ -421,6 +436,16 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
         return value
     expected = {tuple: "two numbers", bool: "true or false"}.get(kind, kind.__name__)
     raise ConfigError(f"{name} must be {expected}, got {value!r}")
+
+
+def _check_distillation(cfg: FinetuneConfig) -> None:
+    has_teacher = bool(cfg.teacher or cfg.teacher_adapter or cfg.teacher_checkpoint)
+    if cfg.distillation is None:
+        cfg.distillation = "hard" if has_teacher else "none"
+    _require(cfg.distillation == "none" or has_teacher,
+             f"distillation {cfg.distillation} needs a teacher: pass --teacher or --teacher-adapter")
+    _require(0 <= cfg.distillation_alpha <= 1, f"distillation_alpha must be in [0, 1], got {cfg.distillation_alpha}")
+    _require(0 < cfg.distillation_tau < math.inf, f"distillation_tau must be positive, got {cfg.distillation_tau}")
 
 
 def _check_augmentation(cfg: FinetuneConfig) -> None:
