@@ -107,6 +107,16 @@ def parse_blocks(text: str, spec: str) -> frozenset[int]:
     return frozenset(blocks)
 
 
+def check_blocks(blocks: Optional[frozenset[int]], num_blocks: int, spec: str, model_name: str = "the model") -> None:
+    """UnknownPolicyError if ``@BLOCKS`` of policy ``spec`` names a block the model does not have."""
+    missing = sorted(b for b in blocks or () if b >= num_blocks)
+    if missing:
+        shown = ", ".join(map(str, missing[:4])) + (" ..." if len(missing) > 4 else "")
+        have = f"0-{num_blocks - 1}" if num_blocks > 1 else "0" if num_blocks == 1 else "none"
+        raise UnknownPolicyError(f"policy {spec!r} names block(s) {shown}, but {model_name} has {num_blocks} "
+                                 f"blocks (indices {have})")
+
+
 def resolve_policy(policy: Union[str, Policy]) -> Policy:
     return policy if isinstance(policy, Policy) else Policy.parse(policy)
 
@@ -159,12 +169,34 @@ class CountedByRole:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
+    def _where(self) -> dict:
+        """Per role: the blocks it lives in and the top-level tensors or modules outside blocks
+        ('blocks 0-11', 'head, head_dist', 'cls_token, dist_token')."""
+        blocks, outside = {}, {}
+        for entry in self.role_map:
+            if entry.block is not None:
+                blocks.setdefault(entry.role, set()).add(entry.block)
+            else:
+                outside.setdefault(entry.role, {})[entry.name.split(".")[0]] = None
+        where = {}
+        for role in set(blocks) | set(outside):
+            parts = []
+            if role in blocks:
+                low, high = min(blocks[role]), max(blocks[role])
+                parts.append(f"blocks {low}-{high}" if high > low else f"block {low}")
+            names = list(outside.get(role, {}))
+            parts += names[:4] + ([f"+{len(names) - 4} more"] if len(names) > 4 else [])
+            where[role] = ", ".join(parts)
+        return where
+
     def counts_table(self) -> list[str]:
         """The header and per-role lines of ``format_table``."""
         lines = [f"model: {self.model_name}   policy: {self.policy.name}   blocks: {self.role_map.num_blocks}", ""]
-        lines.append(f"{'role':<12} {'params':>14} {'trainable':>14} {'share':>8}")
+        lines.append(f"{'role':<12} {'params':>14} {'trainable':>14} {'share':>8}   where")
+        where = self._where()
         for row in self.counts():
-            lines.append(f"{row.role.value:<12} {row.total:>14,} {row.trainable:>14,} {row.share:>8.1%}")
+            lines.append(f"{row.role.value:<12} {row.total:>14,} {row.trainable:>14,} {row.share:>8.1%}   "
+                         f"{where.get(row.role, '')}".rstrip())
         lines.append(f"{'total':<12} {self.total:>14,} {self.num_trainable:>14,} {self.trainable_share:>8.1%}")
         return lines
 
@@ -227,6 +259,7 @@ def apply_policy(model: nn.Module, policy: Union[str, Policy] = "attn", role_map
             f"{role_map.model_name} has no attention weights: attnft policies need a Vision Transformer "
             "(ViT, DeiT, BEiT, EVA, CaiT, Swin, PVTv2, XCiT, MViTv2, Hiera, ...)"
         )
+    check_blocks(policy.blocks, role_map.num_blocks, policy.name, role_map.model_name)
     report = PolicyReport(role_map.model_name, policy, role_map, trainable={})
     for name, param in model.named_parameters():
         entries = role_map.of(name)

@@ -105,3 +105,14 @@ def test_model_without_attention_is_refused():
     model = timm.create_model("resnet18", pretrained=False, num_classes=10)
     with pytest.raises(NoAttentionError, match="no attention"):
         apply_policy(model, "attn")
+
+
+def test_the_table_says_where_each_role_lives_incl_the_distillation_head_and_token():
+    import timm
+
+    model = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=32, patch_size=8,
+                              embed_dim=32, depth=2, num_heads=2, num_classes=5)
+    table = apply_policy(model, "attn").format_table()
+    rows = {line.split()[0]: line for line in table.splitlines()[3:]}
+    assert rows["head"].endswith("head, head_dist") and rows["tokens"].endswith("cls_token, dist_token")
+    assert rows["attention"].endswith("blocks 0-1")
