@@ -12,9 +12,13 @@ Peak memory is what a step needs at its highest point: the model's parameters an
 the optimizer state, the batch, plus the most allocated above that during the step
 (activations kept for backward, gradients, temporaries). On CUDA that is read from
 ``torch.cuda.max_memory_allocated``; on the CPU from the profiler's allocation events
-(``attnft.memory.trace_cpu_memory``). Also reported: the bytes autograd saves for backward
-(``saved_tensors_hooks``, parameters excluded) and the step's FLOPs
+(``attnft.memory.trace_cpu_memory``). Also reported: the bytes the forward leaves allocated
+for the backward (what autograd keeps: activations, and on a GPU under autocast the bf16
+copies of the weights), the images per second of a step, and the step's FLOPs
 (``torch.utils.flop_counter``), whose ratio is the floor a step-time ratio can reach.
+
+The pieces (:class:`Setup`, :class:`Bench`, :class:`Run`, :func:`measure`, :func:`ratios`,
+:func:`markdown_table`) are shared with ``benchmarks/gpu_benchmark.py``.
 
     HF_HUB_OFFLINE=1 PYTHONPATH=. python benchmarks/step_time_memory.py \\
         --res 224 384 --batch 8 4 --out step_time_memory.json
@@ -38,16 +42,19 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from attnft.memory import enable_ffn_recompute, enable_grad_checkpointing, trace_cpu_memory
+from attnft.peft_methods import apply_peft_policy, is_peft_spec
 from attnft.policy import apply_policy
+from attnft.speed import maybe_compile
 
 
 @dataclass(frozen=True)
 class Setup:
-    """A configuration to measure: a freezing policy plus a memory option."""
+    """A configuration to measure: a freezing policy (or peft method) plus a memory option."""
 
     name: str
     policy: str
     memory: Optional[str] = None  # None, "ffn_recompute" or "grad_checkpointing"
+    compile: bool = False  # torch.compile the model (attnft.speed.maybe_compile)
 
 
 SETUPS = {
@@ -56,10 +63,26 @@ SETUPS = {
         Setup("full", "full"),
         Setup("attn", "attn"),
         Setup("ffn", "ffn"),
+        Setup("lora", "lora"),  # peft LoRA (r=8) on the role map's attention modules
         Setup("attn+recompute", "attn", "ffn_recompute"),
         Setup("attn+blockckpt", "attn", "grad_checkpointing"),  # whole blocks, for comparison
+        Setup("attn+compile", "attn", compile=True),
     ]
 }
+
+
+@dataclass(frozen=True)
+class Bench:
+    """What every run of one measurement shares: the model, where and how it runs."""
+
+    model: str = "vit_small_patch16_224"  # timm name, built with pretrained=False
+    device: str = "cpu"
+    amp: str = "none"  # or "bf16" autocast
+    clock: str = "cpu"  # step time for the ratios: "wall" or this process's "cpu" time
+    seed: int = 0
+    model_kwargs: dict = field(default_factory=dict)  # e.g. embed_dim, depth: a smaller model
+    compile_backend: str = "inductor"  # for compiled setups; "eager" only traces (a quick check)
+
 
 # the issue's targets, as ratios
 TARGETS = {
@@ -81,33 +104,48 @@ class Result:
     cpu_s: list[float] = field(default_factory=list)  # ... CPU time of this process (all its threads)
     peak_bytes: int = 0  # state + the most allocated above it during one step
     state_bytes: int = 0  # params + buffers + optimizer state + batch, held between steps
-    saved_bytes: int = 0  # tensors autograd saves for backward in the forward, parameters excluded
-    flops: int = 0  # one step, forward + backward (+ recompute)
+    saved_bytes: int = 0  # allocated by the forward and still held for the backward
+    flops: int = 0  # one step, forward + backward (+ recompute); 0: not counted (compiled)
+    compile_s: Optional[float] = None  # compiled setups: wall seconds of the first step
 
     @property
     def median_s(self) -> float:
         times = self.cpu_s if self.clock == "cpu" else self.wall_s
         return statistics.median(times) if times else float("nan")
 
+    @property
+    def images_per_s(self) -> float:
+        """Training images per second of a step (per clock-second of the ratios' clock)."""
+        return self.batch / self.median_s
+
 
 class Run:
     """One model + optimizer + batch for one setup at one resolution."""
 
-    def __init__(self, args, setup: Setup, res: int, batch: int):
-        torch.manual_seed(args.seed)  # the same initial weights for every setup
-        self.model = timm.create_model(args.model, pretrained=False, img_size=res).to(args.device).train()
-        apply_policy(self.model, setup.policy)
+    def __init__(self, bench: Bench, setup: Setup, res: int, batch: int):
+        torch.manual_seed(bench.seed)  # the same initial weights for every setup
+        with torch.device(bench.device):  # initialised where it runs: fast on a GPU
+            model = timm.create_model(bench.model, pretrained=False, img_size=res, **bench.model_kwargs)
+        num_classes = model.num_classes
+        if is_peft_spec(setup.policy):
+            model, _ = apply_peft_policy(model, setup.policy)
+            backbone = model.get_base_model()
+        else:
+            apply_policy(model, setup.policy)
+            backbone = model
         if setup.memory == "ffn_recompute":
-            enable_ffn_recompute(self.model)
+            enable_ffn_recompute(backbone)
         elif setup.memory == "grad_checkpointing":
-            enable_grad_checkpointing(self.model)
+            enable_grad_checkpointing(backbone)
+        self.model = maybe_compile(model.train(), setup.compile, backend=bench.compile_backend)
+        self.compiled = setup.compile
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=1e-5, weight_decay=0.05)
-        self.images = torch.randn(batch, 3, res, res, device=args.device)
-        self.labels = torch.randint(0, self.model.num_classes, (batch,), device=args.device)
-        self.amp = args.amp
-        self.device = torch.device(args.device)
-        self.result = Result(res, batch, setup.name, sum(p.numel() for p in trainable), args.clock)
+        self.images = torch.randn(batch, 3, res, res, device=bench.device)
+        self.labels = torch.randint(0, num_classes, (batch,), device=bench.device)
+        self.amp = bench.amp
+        self.device = torch.device(bench.device)
+        self.result = Result(res, batch, setup.name, sum(p.numel() for p in trainable), bench.clock)
 
     def forward_loss(self) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp == "bf16"):
@@ -156,20 +194,23 @@ def measure_peak_bytes(run: Run) -> int:
 
 
 def measure_saved_bytes(run: Run) -> int:
-    """Bytes of the distinct non-parameter storages autograd saves in one forward."""
-    params = {p.untyped_storage().data_ptr() for p in run.model.parameters()}
-    saved: dict[int, int] = {}
+    """Bytes one forward leaves allocated: what autograd keeps for the backward (and the loss).
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    Read from the allocator rather than from saved-tensor hooks, which FFN recompute's norm
+    recompute steps aside for.
+    """
+    if run.device.type == "cuda":
+        _sync(run.device)
+        start = torch.cuda.memory_allocated(run.device)
         loss = run.forward_loss()
+        _sync(run.device)
+        kept = torch.cuda.memory_allocated(run.device) - start
+    else:
+        with trace_cpu_memory() as trace:
+            loss = run.forward_loss()
+        kept = trace.end_bytes
     del loss
-    return sum(saved.values())
+    return kept
 
 
 # torch's FLOP counter knows the CUDA attention kernels but not the CPU flash kernel
@@ -193,24 +234,44 @@ def measure_flops(run: Run) -> int:
     return counter.get_total_flops()
 
 
+def measure(runs: list[Run], warmup: int, reps: int, *, label: str = "",
+            stop: Optional[Callable[[], bool]] = None) -> list[Result]:
+    """Measure ``runs`` (one resolution): FLOPs and memory, then ``warmup + reps`` timed steps each,
+    interleaved with the order rotated in every repetition. ``stop()`` is asked after every
+    timed repetition: True ends the timing early (the medians then cover fewer steps)."""
+    for run in runs:
+        if run.compiled:  # the first step compiles: timed apart, kept out of the memory peak
+            wall, _ = timed(run)
+            run.result.compile_s = wall
+        else:  # the FLOP counter's dispatch mode is no place to compile
+            run.result.flops = measure_flops(run)
+        # untimed: memory (after a first step, so the optimizer state exists)
+        run.result.saved_bytes = measure_saved_bytes(run)
+        run.result.peak_bytes = measure_peak_bytes(run)
+        run.result.state_bytes = run.state_bytes()
+    for rep in range(warmup + reps):
+        shift = rep % len(runs)
+        for run in runs[shift:] + runs[:shift]:  # rotate so no setup always runs first
+            wall, cpu = timed(run)
+            if rep >= warmup:
+                run.result.wall_s.append(wall)
+                run.result.cpu_s.append(cpu)
+        print(f"  {label} rep {rep + 1}/{warmup + reps}", file=sys.stderr, flush=True)
+        if rep >= warmup and stop is not None and stop():
+            break
+    return [run.result for run in runs]
+
+
+def bench_from_args(args) -> Bench:
+    return Bench(model=args.model, device=args.device, amp=args.amp, clock=args.clock, seed=args.seed)
+
+
 def benchmark(args) -> list[Result]:
+    bench = bench_from_args(args)
     results = []
     for res, batch in zip(args.res, args.batch):
-        runs = [Run(args, SETUPS[name], res, batch) for name in args.setups]
-        for run in runs:  # untimed: FLOPs, memory (after a first step so the optimizer state exists)
-            run.result.flops = measure_flops(run)
-            run.result.saved_bytes = measure_saved_bytes(run)
-            run.result.peak_bytes = measure_peak_bytes(run)
-            run.result.state_bytes = run.state_bytes()
-        for rep in range(args.warmup + args.reps):
-            shift = rep % len(runs)
-            for run in runs[shift:] + runs[:shift]:  # rotate so no setup always runs first
-                wall, cpu = timed(run)
-                if rep >= args.warmup:
-                    run.result.wall_s.append(wall)
-                    run.result.cpu_s.append(cpu)
-            print(f"  {res}px rep {rep + 1}/{args.warmup + args.reps}", file=sys.stderr, flush=True)
-        results += [run.result for run in runs]
+        runs = [Run(bench, SETUPS[name], res, batch) for name in args.setups]
+        results += measure(runs, args.warmup, args.reps, label=f"{res}px")
         del runs
     return results
 
@@ -228,7 +289,8 @@ def ratios(results: list[Result]) -> dict[tuple[int, str], dict[str, float]]:
                 row["time_vs_full"] = r.median_s / full.median_s
             row["peak_vs_full"] = r.peak_bytes / full.peak_bytes
             row["saved_vs_full"] = r.saved_bytes / full.saved_bytes
-            row["flops_vs_full"] = r.flops / full.flops
+            if r.flops and full.flops:
+                row["flops_vs_full"] = r.flops / full.flops
         if attn is not None and timed:
             row["time_vs_attn"] = r.median_s / attn.median_s
         out[(r.res, r.setup)] = row
@@ -258,19 +320,29 @@ def markdown_table(results: list[Result], rel: dict) -> str:
         return f"{row[key]:.2f}" if key in row else "-"
 
     lines = [
-        f"| res | batch | setup | trainable | step (s, {results[0].clock}) | time / full | time / attn | FLOPs / full "
-        "| peak (MiB) | peak / full | saved act. (MiB) | saved / full |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| res | batch | setup | trainable | step (s, {results[0].clock}) | images/s | time / full | time / attn "
+        "| FLOPs / full | peak (MiB) | peak / full | saved act. (MiB) | saved / full |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         row = rel[(r.res, r.setup)]
-        step = f"{r.median_s:.3f}" if "time_vs_full" in row else "-"
+        timed = "time_vs_full" in row
+        step = f"{r.median_s:.4f}" if timed else "-"
+        rate = f"{r.images_per_s:.1f}" if timed else "-"
         lines.append(
-            f"| {r.res} | {r.batch} | {r.setup} | {r.trainable_params / 1e6:.1f}M | {step} | {ratio(row, 'time_vs_full')} "
-            f"| {ratio(row, 'time_vs_attn')} | {ratio(row, 'flops_vs_full')} | {r.peak_bytes / mib:.0f} "
-            f"| {ratio(row, 'peak_vs_full')} | {r.saved_bytes / mib:.0f} | {ratio(row, 'saved_vs_full')} |"
+            f"| {r.res} | {r.batch} | {r.setup} | {r.trainable_params / 1e6:.1f}M | {step} | {rate} "
+            f"| {ratio(row, 'time_vs_full')} | {ratio(row, 'time_vs_attn')} | {ratio(row, 'flops_vs_full')} "
+            f"| {r.peak_bytes / mib:.0f} | {ratio(row, 'peak_vs_full')} | {r.saved_bytes / mib:.0f} "
+            f"| {ratio(row, 'saved_vs_full')} |"
         )
     return "\n".join(lines)
+
+
+def result_row(r: Result, rel: dict) -> dict:
+    """One result as JSON: every field, the median, images/s and the ratios."""
+    timed = bool(r.cpu_s or r.wall_s)
+    return {**asdict(r), "median_s": r.median_s if timed else None, "images_per_s": r.images_per_s if timed else None,
+            **rel[(r.res, r.setup)]}
 
 
 def parse_args(argv=None):
@@ -335,9 +407,7 @@ def main(argv=None) -> int:
             "timm": timm.__version__,
             "warmup": args.warmup,
             "reps": args.reps,
-            "results": [
-                {**asdict(r), "median_s": r.median_s if r.cpu_s else None, **rel[(r.res, r.setup)]} for r in results
-            ],
+            "results": [result_row(r, rel) for r in results],
             "targets": checks,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)

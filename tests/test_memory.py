@@ -15,6 +15,7 @@ from attnft.memory import (
     enable_grad_checkpointing,
     ffn_modules,
     is_checkpointed,
+    norm_modules,
     trace_cpu_memory,
 )
 from attnft.policy import apply_policy
@@ -207,13 +208,21 @@ def _saved_bytes(model, images):
     return sum(saved.values())
 
 
+def _norm_outputs_bytes(model):
+    """Bytes of the norm outputs autograd keeps without recompute: each block's norm1 output (qkv's
+    input), the FFN checkpoint's input (norm2's output), the final norm's output (the head's input)."""
+    tokens = model.patch_embed.num_patches + model.num_prefix_tokens
+    return (2 * len(model.blocks) + 1) * _BATCH * tokens * model.embed_dim * 4
+
+
 def test_ffn_recompute_saves_the_ffn_input_instead_of_its_hidden_activation():
+    # under saved-tensor hooks of someone else (this count's) the norms step aside: only the FFN's part shows
     images = torch.randn(_BATCH, 3, 64, 64)
     plain, recomputed = _small_vit(False), _small_vit(True)
     assert _saved_bytes(plain, images) - _saved_bytes(recomputed, images) == _ffn_activation_drop(plain)
 
 
-def test_ffn_recompute_holds_less_cpu_memory_between_forward_and_backward():
+def test_ffn_recompute_keeps_neither_hidden_activations_nor_norm_outputs_between_forward_and_backward():
     images = torch.randn(_BATCH, 3, 64, 64)
     kept = {}
     for recompute in (False, True):
@@ -223,9 +232,97 @@ def test_ffn_recompute_holds_less_cpu_memory_between_forward_and_backward():
         kept[recompute] = trace.end_bytes
         loss.backward()
         del loss
-    # the checkpoint also stores RNG states (a few KiB), so allow 10%
-    assert kept[False] - kept[True] >= 0.9 * _ffn_activation_drop(model)
-    assert kept[True] < 0.85 * kept[False]
+    # the checkpoint also stores RNG states (a few KiB), so allow 5%
+    assert kept[False] - kept[True] >= 0.95 * (_ffn_activation_drop(model) + _norm_outputs_bytes(model))
+    assert kept[True] < 0.6 * kept[False]
+
+
+# --- FFN recompute: norm outputs, recomputed from the norm's input ------------------------
+
+
+def test_norm_modules_are_the_role_maps_norms():
+    blocks = [f"blocks.{b}.{norm}" for b in (0, 1) for norm in ("norm1", "norm2")]
+    assert norm_modules(tiny_model("vit")) == blocks + ["norm"]
+
+
+def test_attention_and_head_norms_are_not_among_them():
+    assert not any("q_norm" in n or "k_norm" in n for n in norm_modules(tiny_model("vit_qknorm_reg")))
+    assert "fc_norm" not in norm_modules(tiny_model("vit", global_pool="avg"))  # the head's norm
+
+
+def test_norms_with_running_statistics_are_never_rerun():
+    model = tiny_model("vit")
+    model.blocks[0].norm1 = torch.nn.BatchNorm1d(32)  # a second forward would move its statistics again
+    assert "blocks.0.norm1" not in norm_modules(model)
+
+
+def test_each_norm_whose_output_autograd_needs_runs_again_in_the_backward(monkeypatch):
+    model = _attn_model("vit")
+    norm_class = type(model.norm)
+    calls = Counter()
+    plain_forward = norm_class.forward
+
+    def counted(self, x):
+        calls.update([self])
+        return plain_forward(self, x)
+
+    monkeypatch.setattr(norm_class, "forward", counted)
+    enable_ffn_recompute(model)
+    out = model(tiny_input(model))
+    assert set(calls.values()) == {1}
+    out.square().mean().backward()
+    modules = dict(model.named_modules())
+    assert {name: calls[modules[name]] for name in norm_modules(model)} == {name: 2 for name in norm_modules(model)}
+
+
+def test_a_norm_output_changed_in_place_is_kept_as_it_is():
+    # the output no longer equals norm(input): rerunning the norm would be wrong
+    def double_norm1_output(model):
+        model.blocks[0].norm1.register_forward_hook(lambda module, args, output: output.mul_(2))
+
+    def recompute(model):
+        double_norm1_output(model)
+        enable_ffn_recompute(model)
+
+    _assert_same_step(_step("vit", double_norm1_output), _step("vit", recompute))
+
+
+def test_norm_recompute_is_exact_under_autocast():
+    def step(recompute):
+        torch.manual_seed(0)
+        model = _attn_model("vit")
+        if recompute:
+            enable_ffn_recompute(model)
+        torch.manual_seed(1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(tiny_input(model))
+        loss = out.float().square().mean()
+        loss.backward()
+        return out, loss, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    _assert_same_step(step(False), step(True))
+
+
+def test_ffn_recompute_under_save_on_cpu_is_exact():
+    with torch.autograd.graph.save_on_cpu():
+        plain, recomputed = _step("vit"), _step("vit", enable_ffn_recompute)
+    _assert_same_step(plain, recomputed)
+
+
+def test_double_backward_through_recomputed_norms_matches():
+    def grad_norm(recompute):
+        torch.manual_seed(0)
+        model = _attn_model("vit")
+        for block in model.blocks:
+            block.attn.fused_attn = False  # the CPU flash kernel has no double backward
+        if recompute:
+            enable_ffn_recompute(model)
+        x = tiny_input(model).requires_grad_()
+        (grad,) = torch.autograd.grad(model(x).square().mean(), x, create_graph=True)
+        grad.square().sum().backward()
+        return model.blocks[0].attn.qkv.weight.grad
+
+    torch.testing.assert_close(grad_norm(True), grad_norm(False), rtol=0, atol=1e-6)
 
 
 def test_trace_cpu_memory_sees_peak_and_what_remains():
@@ -303,6 +400,16 @@ def test_grad_checkpointing_without_blocks_is_a_config_error():
 def test_ffn_modules_and_blocks_of_parallel_vit():
     model = tiny_model("parallel")
     assert ffn_modules(model) == [f"blocks.{b}.ffns.{p}.mlp" for b in (0, 1) for p in (0, 1)]
+
+
+def test_a_deep_copy_records_its_own_norm_outputs():
+    model = _attn_model("vit")
+    enable_ffn_recompute(model)
+    twin = copy.deepcopy(model)
+    assert twin.blocks[0].norm1.forward.outputs is twin.forward.outputs
+    assert twin.forward.outputs is not model.forward.outputs
+    assert twin.forward.forward.__self__ is twin
+    _assert_same_step(_step("vit", enable_ffn_recompute), _step("vit", lambda m: None))
 
 
 def test_a_deep_copy_recomputes_its_own_ffn():
