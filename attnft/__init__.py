@@ -1,2 +1,10 @@
-"""attnft: attention-only fine-tuning of Vision Transformers."""
+"""attnft: attention-only fine-tuning of Vision Transformers.
+
+Importing attnft registers its bundled models (``vit_fmnist_patch4_28``) in timm's registry,
+without importing timm: see :mod:`attnft.registration`.
+"""
 __version__ = "0.1.0"
+
+from .registration import register_bundled_models
+
+register_bundled_models()

@@ -761,19 +761,61 @@ It loads only onto the base it was trained on; attnft checks that by fingerprint
 | crop / interpolation | {dc.get('crop_pct')} {dc.get('crop_mode', '')} / {dc.get('interpolation')} |
 | timm / attnft | {config.timm_version} / {config.attnft_version} |
 
-## Use
+## Use with timm alone
+
+{_plain_timm_use(config)}
+## Use with attnft
 
 ```python
 import timm
-from attnft.adapters import load_adapter
+from attnft.adapters import load_adapter  # importing attnft registers its bundled models in timm
 
 model = timm.create_model("{config.model_name}", pretrained=True)
-load_adapter(model, "path/to/this/folder")  # checks the base, resizes the head and input size
+load_adapter(model, "path/to/this/folder")  # checks the base's fingerprint, sets the head and input size
+model.eval()
 ```
 
 `attnft adapters pull ORG/REPO NAME` stores a verified copy; `attnft adapters export NAME --out DIR`
 merges it into the base as a checkpoint plain timm loads.
 {labels}"""
+
+
+# the lines of a card that copy an adapter into a base with timm and safetensors alone
+_PLAIN_LOAD = """state = model.state_dict()  # shares memory with the model's parameters
+for name, stored in load_file(f"{folder}/adapter_model.safetensors").items():
+    entry, target = config["tensors"][name], state[name]
+    if entry["region"]:
+        region = entry["region"]
+        target = target.narrow(region["dim"], region["start"], region["stop"] - region["start"])
+    target.copy_(target.float() + stored.float() if entry["stored"] == "delta" else stored)
+model.eval()
+transform = timm.data.create_transform(**config["data_config"])
+"""
+
+
+def _plain_timm_use(config: AdapterConfig) -> str:
+    """The card's section that loads the adapter with timm and safetensors, no attnft."""
+    from .plain_timm import base_build
+
+    try:
+        build = base_build(config.model_name, config.model_args, config.num_classes, config.input_size)
+    except AdapterError as e:
+        return f"Plain timm cannot create this base: {e}.\n"
+    return f"""The adapter holds only what training changed: create the base it was trained on, then copy each
+stored tensor in (a whole weight or a slice of one, as values or as a delta from the base, as
+`adapter_config.json` lists them):
+
+```python
+import json
+
+import timm
+from safetensors.torch import load_file
+
+folder = "path/to/this/folder"
+config = json.load(open(f"{{folder}}/adapter_config.json"))
+model = {build.create_call()}
+{_PLAIN_LOAD}```
+{build.weights_note()}"""
 
 
 # --- atomic folder writes --------------------------------------------------------------------

@@ -2,24 +2,24 @@
 
 An attnft adapter holds the trained tensors themselves (or exact-size deltas), so merging is
 loading: :func:`attnft.adapters.load_adapter` writes them into the base. The export is a folder
-in timm's own hub layout::
+in timm's own hub layout (what ``timm.models.push_to_hf_hub`` writes)::
 
     model.safetensors   the merged state dict, native timm keys
-    config.json         architecture, num_classes, model_args (img_size, ...), pretrained_cfg (mean, std, ...)
-    README.md           a model card with the line that loads it
+    config.json         architecture: a name plain timm registers; model_args: every argument that
+                        builds the model (img_size, num_classes, and for attnft's bundled ViT its
+                        patch_size, embed_dim, depth, num_heads, mlp_ratio); pretrained_cfg: mean,
+                        std, crop_pct, interpolation, input_size, label_names
+    README.md           a model card with the lines that load it
 
-so either of these works with nothing but timm installed::
+so that, with nothing but timm installed::
 
-    timm.create_model(NAME, pretrained=True, num_classes=N, img_size=S,
-                      pretrained_cfg_overlay=dict(file="DIR/model.safetensors", num_classes=N))
-    timm.create_model("local-dir:DIR", pretrained=True)
+    model = timm.create_model("local-dir:DIR", pretrained=True)   # or "hf-hub:ORG/REPO" once pushed
 
-``num_classes`` belongs in the overlay too: timm drops a checkpoint's classifier when the
-model's ``num_classes`` differs from the pretrained config's (1000 for ImageNet bases).
+A model that plain timm cannot rebuild (an argument JSON cannot hold, a name only another
+package registers) is refused before anything is written (:mod:`attnft.plain_timm`).
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,36 +28,32 @@ from typing import Optional, Union
 from torch import nn
 
 from .adapters import Adapter, AdapterConfig, load_adapter, read_adapter, write_directory_atomically
-from .errors import AdapterError, StoreError
+from .errors import StoreError
+from .plain_timm import TimmBuild, describe_model
 
 EXPORT_WEIGHTS = "model.safetensors"
 EXPORT_CONFIG = "config.json"
 EXPORT_CARD = "README.md"
+# the keys of a data config that describe preprocessing (input_size follows the model itself)
+DATA_KEYS = ("mean", "std", "crop_pct", "crop_mode", "interpolation")
 
 PathLike = Union[str, os.PathLike]
 
 
 @dataclass
 class ExportResult:
-    """Where an export went and the ``timm.create_model`` call that loads it."""
+    """Where an export went and what plain timm builds it as."""
 
     folder: Path
-    architecture: str
-    create_kwargs: dict  # num_classes, img_size and any architecture kwargs
+    build: TimmBuild  # architecture and model_args, as config.json holds them
 
     @property
     def weights(self) -> Path:
         return self.folder / EXPORT_WEIGHTS
 
-    def timm_snippet(self, weights: Optional[str] = None) -> str:
-        kwargs = self.create_kwargs
-        overlay = f"dict(file={weights or str(self.weights)!r}, num_classes={kwargs.get('num_classes')})"
-        args = "".join(f", {k}={_py(v)}" for k, v in kwargs.items())
-        return f"timm.create_model({self.architecture!r}, pretrained=True, pretrained_cfg_overlay={overlay}{args})"
-
-
-def _py(value) -> str:
-    return repr(tuple(value)) if isinstance(value, list) else repr(value)
+    def load_source(self, folder: Optional[str] = None) -> str:
+        """Python source that loads the export with timm alone (``folder``: the path to show, default the real one)."""
+        return f"import timm\n\nmodel = timm.create_model({f'local-dir:{folder or self.folder}'!r}, pretrained=True).eval()\n"
 
 
 def create_base(config: AdapterConfig, checkpoint: Optional[PathLike] = None) -> nn.Module:
@@ -90,33 +86,32 @@ def export_merged(
     title: Optional[str] = None,
     overwrite: bool = False,
 ) -> ExportResult:
-    """Write ``model`` (a base with an adapter loaded) as a standalone timm checkpoint folder, atomically."""
+    """Write ``model`` (a base with an adapter loaded) as a standalone timm checkpoint folder, atomically.
+
+    AdapterError, with nothing written, when plain timm could not rebuild the model.
+    """
     from safetensors.torch import save_file
-    from timm.models import get_model_args
     from timm.models._hub import save_config_for_hf
 
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise StoreError(f"{out_dir} already exists: pass --overwrite to replace it")
+    build = describe_model(model)
     state = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
-    architecture = model.pretrained_cfg["architecture"]
-    try:
-        create_kwargs = json.loads(json.dumps(get_model_args(model)))
-    except (TypeError, ValueError) as e:
-        raise AdapterError(f"{architecture} was built with arguments JSON cannot hold ({e}); it cannot be exported") from None
-    result = ExportResult(folder=out_dir, architecture=architecture, create_kwargs=create_kwargs)
-    data_args = {k: v for k, v in (data_config or {}).items() if k in ("mean", "std", "crop_pct", "crop_mode", "interpolation")}
+    result = ExportResult(folder=out_dir, build=build)
+    data_args = {k: v for k, v in (data_config or {}).items() if k in DATA_KEYS}
+    model_config = {"label_names": list(label_names)} if label_names else {}
+    if build.attnft_name:
+        # timm writes the architecture from pretrained_cfg; attnft's tag means nothing under timm's name
+        model_config["pretrained_cfg"] = {"architecture": build.name, "tag": None}
 
     def write(folder: Path) -> None:
         save_file(state, str(folder / EXPORT_WEIGHTS), metadata={"format": "pt"})
-        model_config = {"label_names": list(label_names)} if label_names else None
-        save_config_for_hf(model, str(folder / EXPORT_CONFIG), model_config=model_config, data_config=data_args or None)
+        save_config_for_hf(model, str(folder / EXPORT_CONFIG), model_config=model_config, model_args=build.model_args,
+                           data_config=data_args or None)
         (folder / EXPORT_CARD).write_text(_export_card(result, title or out_dir.name))
 
-    try:
-        write_directory_atomically(out_dir, write, overwrite=overwrite, what=f"export {out_dir.name}")
-    except ValueError as e:  # timm refuses a config it cannot serialise
-        raise AdapterError(f"cannot export {architecture}: {e}") from None
+    write_directory_atomically(out_dir, write, overwrite=overwrite, what=f"export {out_dir.name}")
     return result
 
 
@@ -146,22 +141,24 @@ def _export_card(result: ExportResult, title: str) -> str:
     from huggingface_hub import ModelCardData
 
     metadata = ModelCardData(library_name="timm", pipeline_tag="image-classification", license="other", tags=["timm", "image-classification", "attnft"])
+    build = result.build
+    made_of = f"`{build.name}`"
+    if build.attnft_name:
+        made_of = f"`{build.attnft_name}` (attnft's, built as timm's `{build.name}` with its own arguments)"
+    args = ", ".join(f"`{k}={v}`" for k, v in build.model_args.items())
     return f"""---
 {metadata.to_yaml()}
 ---
 
 # {title}
 
-A `{result.architecture}` checkpoint with an attnft adapter merged in. Load it with timm alone:
+A {made_of} checkpoint with an attnft adapter merged in. Load it with timm alone (no attnft):
 
 ```python
-import timm
-
-model = timm.create_model("local-dir:path/to/this/folder", pretrained=True)
-# or, from the weights file:
-{result.timm_snippet('path/to/this/folder/model.safetensors')}
+{result.load_source("path/to/this/folder")}transform = timm.data.create_transform(**timm.data.resolve_model_data_config(model))
 ```
 
-`num_classes` goes in `pretrained_cfg_overlay` as well: otherwise timm drops the classifier of a
-checkpoint whose class count differs from the base's pretrained config.
+`config.json` names the architecture, `{build.name}`, with every argument that builds this model
+({args}) and its preprocessing (`pretrained_cfg`). Pushed to a hub repository, it loads the same
+way with `timm.create_model("hf-hub:ORG/REPO", pretrained=True)`.
 """

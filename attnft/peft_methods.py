@@ -32,6 +32,7 @@ import copy
 import json
 import os
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -84,6 +85,7 @@ __all__ = [
 
 CONFIG_FILE = "adapter_config.json"  # peft's names
 WEIGHTS_FILE = "adapter_model.safetensors"
+CARD_FILE = "README.md"
 SIDECAR_FILE = "attnft.json"
 SIDECAR_FORMAT = "attnft-peft-adapter"
 SIDECAR_VERSION = 1
@@ -579,9 +581,102 @@ def save_peft_adapter(
         sidecar["weights_sha256"] = sha256_file(weights)
         sidecar["weights_bytes"] = weights.stat().st_size
         (folder / SIDECAR_FILE).write_text(json.dumps(sidecar, indent=2) + "\n")
+        # peft wrote its empty template ("[More Information Needed]"); ours says what this adapter is
+        card = peft_model_card(_info_from_dict(sidecar, path), base_model_id=base.pretrained_cfg.get("hf_hub_id"),
+                               license=base.pretrained_cfg.get("license"))
+        (folder / CARD_FILE).write_text(card)
 
     write_directory_atomically(path, write, overwrite=overwrite)
     return _info_from_dict(sidecar, path)
+
+
+def peft_model_card(info: PeftAdapterInfo, *, base_model_id: Optional[str] = None, license: Optional[str] = None) -> str:
+    """README.md for a peft adapter folder: hub metadata, what was trained on what, and how to load it.
+
+    ``info.metadata`` may hold ``dataset`` (its name) and ``top1`` (accuracy in percent) to show.
+    """
+    from huggingface_hub import ModelCardData
+
+    metadata = ModelCardData(
+        library_name="peft",
+        pipeline_tag="image-classification",
+        license=license or "other",
+        base_model=base_model_id or info.model_name,
+        tags=["attnft", "peft", info.method, "timm", "image-classification", "vision-transformer"],
+    )
+    roles = ", ".join(f"{role} {count}" for role, count in sorted(Counter(info.targets.values()).items()))
+    dc = info.data_config
+    rows = [
+        ("base model", f"`{info.model_name}`"),
+        ("base fingerprint", f"`{info.base_fingerprint[:16]}...`"),
+        ("policy", f"`{info.policy}`"),
+        ("adapted modules", f"{len(info.targets)} ({roles})"),
+        ("trained whole", ", ".join(f"`{m}`" for m in info.head_modules) or "nothing (head frozen)"),
+        ("input size", f"{info.input_size} px"),
+        ("classes", f"{info.num_classes} ({_first_names(info.label_names)})" if info.label_names else f"{info.num_classes}"),
+    ]
+    if info.metadata.get("dataset"):
+        rows.append(("data", f"`{info.metadata['dataset']}`"))
+    if info.metadata.get("top1") is not None:
+        rows.append(("top-1 accuracy", f"{info.metadata['top1']:.2f}%"))
+    rows += [
+        ("mean / std", f"{dc.get('mean')} / {dc.get('std')}"),
+        ("peft / attnft", f"{info.peft_version} / {info.attnft_version}"),
+    ]
+    table = "\n".join(f"| {key} | {value} |" for key, value in rows)
+    return f"""---
+{metadata.to_yaml()}
+---
+
+# {info.path.name}
+
+A `{info.method}` adapter for `{info.model_name}`, made with attnft: peft's `{info.method}` on the modules that
+attnft's role map gives the roles of policy `{info.policy}`, {info.trained_params:,} trained parameters. It is
+in peft's own format; `attnft.json` beside it records the base's fingerprint, which attnft checks.
+
+| | |
+|---|---|
+{table}
+
+## Use with timm and peft alone
+
+{_plain_peft_use(info)}
+## Use with attnft
+
+```python
+import timm
+from attnft.peft_methods import load_peft_adapter  # importing attnft registers its bundled models in timm
+
+base = timm.create_model("{info.model_name}", pretrained=True, num_classes={info.num_classes}, img_size={info.input_size})
+model = load_peft_adapter(base, "path/to/this/folder")  # checks the base's fingerprint first
+```
+"""
+
+
+def _first_names(names: list, shown: int = 10) -> str:
+    return ", ".join(map(str, names[:shown])) + (", ..." if len(names) > shown else "")
+
+
+def _plain_peft_use(info: PeftAdapterInfo) -> str:
+    """The card's section that loads the adapter with timm and peft, no attnft."""
+    from .plain_timm import base_build
+
+    try:
+        build = base_build(info.model_name, info.model_args, info.num_classes, info.input_size)
+    except AdapterError as e:
+        return f"Plain timm cannot create this base: {e}.\n"
+    return f"""```python
+import json
+
+import timm
+from peft import PeftModel
+
+folder = "path/to/this/folder"
+base = {build.create_call()}
+model = PeftModel.from_pretrained(base, folder).eval()
+transform = timm.data.create_transform(**json.load(open(f"{{folder}}/attnft.json"))["data_config"])
+```
+{build.weights_note()}"""
 
 
 def _info_from_dict(data: dict, path: Path) -> PeftAdapterInfo:

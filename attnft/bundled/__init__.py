@@ -1,8 +1,13 @@
 """Models shipped inside attnft, registered in timm's registry on import.
 
-After ``import attnft.bundled``, ``timm.create_model(BUNDLED_MODEL, pretrained=True)``
-loads the bundled weights from this directory with no network; ``img_size=56`` (or any
-multiple of the patch size) resamples ``pos_embed`` bicubically, as for any timm ViT.
+``import attnft`` imports this module as soon as timm is loaded (:mod:`attnft.registration`);
+then ``timm.create_model(BUNDLED_MODEL, pretrained=True)`` loads the bundled weights from this
+directory with no network; ``img_size=56`` (or any multiple of the patch size) resamples
+``pos_embed`` bicubically, as for any timm ViT.
+
+Plain timm, without attnft, knows no such name: :data:`TIMM_EQUIVALENTS` says which timm
+architecture and arguments build the same model, for exports and model cards
+(:mod:`attnft.plain_timm`).
 
 The weights come from ``recipes/pretrain_fmnist.py``; ``<name>.json`` next to them
 records how they were made and what they score.
@@ -13,13 +18,26 @@ import os
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
-from ..data.fashion_mnist import LABEL_NAMES, MEAN, STD
-
 BUNDLED_DIR = os.path.dirname(os.path.abspath(__file__))
 BUNDLED_MODEL = "vit_fmnist_patch4_28"
 BUNDLED_TAG = "attnft"
 WEIGHTS_PATH = os.path.join(BUNDLED_DIR, f"{BUNDLED_MODEL}.safetensors")
 FACTS_PATH = os.path.join(BUNDLED_DIR, f"{BUNDLED_MODEL}.json")
+
+# Fashion-MNIST's classes and train-set pixel statistics, as attnft.data.fashion_mnist has them (a
+# test keeps them equal): importing attnft.data would import 🤗 datasets (1.3 s) whenever timm loads
+LABEL_NAMES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+MEAN = 0.2860
+STD = 0.3530
+
+# 4x4 patches (7x7 = 49 tokens + class token), width 64, 6 blocks of 4 heads
+MODEL_ARGS = dict(img_size=28, patch_size=4, embed_dim=64, depth=6, num_heads=4, mlp_ratio=4.0)
+# name -> (a timm name of the same class, the arguments that make it this model): timm's ViT-S/16
+# entry point builds timm's VisionTransformer with the same defaults apart from the geometry
+TIMM_EQUIVALENTS = {BUNDLED_MODEL: ("vit_small_patch16_224", MODEL_ARGS)}
 
 # read by timm's register_model: module-level `default_cfgs` keyed like the entrypoint names
 default_cfgs = generate_default_cfgs({
@@ -44,8 +62,7 @@ default_cfgs = generate_default_cfgs({
 
 @register_model
 def vit_fmnist_patch4_28(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT for 28x28 inputs: 4x4 patches (7x7 = 49 tokens + class token), width 64, 6 blocks of 4 heads."""
-    model_args = dict(img_size=28, patch_size=4, embed_dim=64, depth=6, num_heads=4, mlp_ratio=4.0)
+    """ViT for 28x28 inputs: :data:`MODEL_ARGS`."""
     return build_model_with_cfg(
         VisionTransformer,
         BUNDLED_MODEL,
@@ -53,7 +70,7 @@ def vit_fmnist_patch4_28(pretrained: bool = False, **kwargs) -> VisionTransforme
         # timm's ViT filter: resamples pos_embed when img_size differs from 28
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=3, feature_cls="getter"),
-        **dict(model_args, **kwargs),
+        **dict(MODEL_ARGS, **kwargs),
     )
 
 

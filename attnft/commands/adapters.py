@@ -6,6 +6,7 @@ formats of the store are handled: attnft's (freezing policies) and peft's (``lor
 """
 import argparse
 import json
+import textwrap
 
 
 def add_parser(subparsers) -> None:
@@ -191,8 +192,8 @@ def run_export(args: argparse.Namespace) -> int:
     result = export_adapter(
         adapter, args.out, base_checkpoint=args.checkpoint, ignore_fingerprint=args.ignore_fingerprint, overwrite=args.overwrite
     )
-    print(f"exported {args.name} to {result.folder}; load it with timm alone:")
-    print(f"  {result.timm_snippet()}")
+    print(f"exported {args.name} to {result.folder}; load it with timm alone:\n")
+    print(textwrap.indent(result.load_source(), "    "))
     return 0
 
 
