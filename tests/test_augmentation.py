@@ -8,10 +8,10 @@ from attnft.config import FinetuneConfig
 
 
 @pytest.mark.parametrize("epochs, level", [
-    (0.5, "none"), (1, "none"), (5, "none"), (9.99, "none"),  # short runs: no time to overfit
-    (10, "light"), (39, "light"),
-    (40, "medium"), (149, "medium"),
-    (150, "heavy"), (1000, "heavy"),  # DeiT's transfer runs: 1000 epochs, the full recipe
+    (0.5, "none"), (1, "none"), (5, "none"), (20, "none"), (29.9, "none"),  # short runs: no time to overfit
+    (30, "light"), (50, "light"), (99, "light"),
+    (100, "medium"), (299, "medium"),
+    (300, "heavy"), (1000, "heavy"),  # DeiT's transfer runs: 1000 epochs, the full recipe
 ])
 def test_auto_level_follows_the_passes_over_the_training_images(epochs, level):
     assert auto_aug_level(epochs) == level
@@ -24,10 +24,10 @@ def test_auto_level_never_weakens_as_the_run_grows():
 
 def test_a_steps_run_counts_steps_times_global_batch_over_the_images():
     cfg = FinetuneConfig(dataset="d", steps=100, epochs=1)
-    assert cfg.with_aug_resolved(train_images=640, global_batch=64)[0].aug == "light"  # 10 epochs
+    assert cfg.with_aug_resolved(train_images=200, global_batch=64)[0].aug == "light"  # 32 epochs
     assert cfg.with_aug_resolved(train_images=6400, global_batch=64)[0].aug == "none"  # 1 epoch
-    resolved, why = FinetuneConfig(dataset="d", epochs=200).with_aug_resolved(train_images=100, global_batch=8)
-    assert resolved.aug == "heavy" and "200 epochs over 100 images" in why
+    resolved, why = FinetuneConfig(dataset="d", epochs=400).with_aug_resolved(train_images=100, global_batch=8)
+    assert resolved.aug == "heavy" and "400 epochs over 100 images" in why
 
 
 def test_a_streamed_split_counts_as_one_pass():
@@ -72,6 +72,8 @@ def test_none_is_a_plain_resize_and_heavy_is_deits_recipe():
         ((0.08, 1.0), "rand-m9-mstd0.5-inc1", 0.25, 0.8, 1.0, 0.5)
     strength = [(lv.scale[0], lv.mixup) for lv in (LEVELS[n] for n in AUG_LEVELS)]
     assert [s for s, _ in strength] == sorted((s for s, _ in strength), reverse=True)  # crops widen
+    # flips change what a digit or a letter means: only DeiT's own recipe flips
+    assert [LEVELS[n].hflip for n in AUG_LEVELS] == [0.0, 0.0, 0.0, 0.5]
 
 
 def test_resolve_aug_refuses_an_unknown_level():
@@ -85,7 +87,7 @@ def test_resolve_aug_refuses_an_unknown_level():
     (dict(crop_pct=0.0), "crop_pct must be in"),
     (dict(crop_pct=5.0), "crop_pct must be in"),
     (dict(mixup=float("inf")), "mixup must be a finite number"),
-    (dict(repeated_aug=0), "repeated_aug must be at least 1"),
+    (dict(repeated_aug=0), "repeated_aug must be between 1"),
     (dict(val_fraction=1.0), "val_fraction must be between 0 and 1"),
 ])
 def test_out_of_range_augmentation_values_are_config_errors(flags, message):
