@@ -12,7 +12,7 @@ import sys
 # or other jobs share the cores (10x slower steps measured on 2 shared cores); sleeping costs little.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .errors import AttnftError
+from .errors import AttnftError, ReportedElsewhere
 
 # command name -> module under attnft.commands; each module registers its own flags
 COMMANDS = {
@@ -55,8 +55,11 @@ def main(argv=None) -> int:
         code = args.run(args) or 0
         sys.stdout.flush()  # a reader that went away shows here, not as a traceback at exit
         return code
+    except ReportedElsewhere:
+        return 2  # another process of the run printed why
     except AttnftError as e:
-        print(f"attnft: error: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # every process of a distributed run found it: rank 0 says it
+            print(f"attnft: error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, always
         return 2
     except KeyboardInterrupt:
         print("attnft: interrupted", file=sys.stderr)

@@ -34,6 +34,16 @@ PRECISIONS = ("no", "bf16", "fp16")
 DEFAULT_TASK_SETTINGS = {"max_train": 5000, "max_eval": 1000}
 DEFAULT_DATASET_MAX_EVAL = DEFAULT_TASK_SETTINGS["max_eval"]  # attnft eval scores the same subset
 TRACKERS = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive")
+# timm's resize interpolations (timm.data.transforms.str_to_interp_mode) plus its "random" mix of
+# bilinear and bicubic; kept here so that the CLI need not import timm (a test keeps them in step)
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos", "random")
+# optimizers compute in float32 (max 3.4e38) with lr / (1 - beta1**step): beyond this a step overflows
+MAX_LR = 1e30
+MAX_SEED = 2**32 - 1  # numpy's and Accelerate's set_seed take 32 bits
+MAX_RANDOM_ERASING_COUNT = 100  # timm draws each region in a loop: beyond this, a run only stalls
+MAX_REPEATED_AUG = 64
+MAX_COLOR_JITTER = 10.0  # factors up to 11x: every image already white or black
+MIN_CROP_PCT = 0.1  # the eval resize is res / crop_pct: below this the images only grow out of memory
 
 
 def _opt(default: Any, help: str, *, choices: tuple | None = None, group: str = "",
@@ -68,8 +78,9 @@ class FinetuneConfig:
                               "embeddings are resampled", group=MODEL)
     crop_pct: Optional[float] = _opt(None, "eval centre-crop ratio (default: 1, the whole image, when training "
                                      "never zooms in (--aug none/light); else the model's)", group=MODEL)
-    policy: str = _opt("attn", "what trains: attn, ffn, full, head, edited as in 'attn+norm'", metavar="SPEC",
-                       group=MODEL)
+    policy: str = _opt("attn", "what trains: attn, ffn, full, head, edited as in 'attn+norm' or 'attn@8-11' "
+                       "(blocks); or a peft method on the attention modules: lora, ia3, with options as in "
+                       "'lora:r=16,alpha=32' ('lora+ffn' adds the FFN)", metavar="SPEC", group=MODEL)
     new_head: Optional[bool] = _opt(None, "a new classifier (default: when the dataset's classes differ from the "
                                     "base's in number or names; kept when the base's names are unknown)",
                                     group=MODEL)
@@ -93,9 +104,9 @@ class FinetuneConfig:
                                group=DATA)
     workers: int = _opt(2, "data loader worker processes per training process", group=DATA)
     # --- augmentation: a level, and the fields of attnft.augmentation.AugConfig that override it
-    aug: str = _opt("auto", "augmentation level: none, light, medium, heavy (DeiT's recipe), or auto: chosen "
-                    "from the passes over the training images (none below 10 epochs, light below 40, medium "
-                    "below 150); the flags below override single settings", choices=AUG_CHOICES, group=AUG)
+    aug: str = _opt("auto", "augmentation level: none, light (crops), medium (+RandAugment), heavy (DeiT's recipe), "
+                    "or auto: chosen from the passes over the training images (none below 30 epochs, light "
+                    "below 100, medium below 300); the flags below override single settings", choices=AUG_CHOICES, group=AUG)
     auto_augment: Optional[str] = _opt(None, "timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1 (RandAugment)",
                                        metavar="POLICY", group=AUG)
     reprob: Optional[float] = _opt(None, "random erasing probability", group=AUG)
@@ -106,7 +117,8 @@ class FinetuneConfig:
     vflip: Optional[float] = _opt(None, "vertical flip probability", group=AUG)
     scale: Optional[tuple[float, float]] = _opt(None, "random-resized-crop area range", group=AUG)
     ratio: Optional[tuple[float, float]] = _opt(None, "random-resized-crop aspect range", group=AUG)
-    train_interpolation: Optional[str] = _opt(None, "training resize interpolation (default: the model's)",
+    train_interpolation: Optional[str] = _opt(None, "training resize interpolation: "
+                                              f"{', '.join(INTERPOLATIONS)} (default: the model's)",
                                               metavar="MODE", group=AUG)
     mixup: Optional[float] = _opt(None, "mixup alpha (0: off)", group=AUG)
     cutmix: Optional[float] = _opt(None, "cutmix alpha (0: off)", group=AUG)
@@ -175,7 +187,7 @@ class FinetuneConfig:
                            group=STORE)
 
     def __post_init__(self) -> None:
-        _coerce_fields(self)
+        _coerce_fields(self)  # also refuses NaN and inf in every float field
         _require(self.batch_size >= 1, "batch_size must be at least 1")
         _require(self.grad_accum >= 1, "grad_accum must be at least 1")
         _require(self.epochs >= 1, "epochs must be at least 1")
@@ -183,10 +195,16 @@ class FinetuneConfig:
         _require(self.res is None or self.res >= 1, "res must be a positive number of pixels")
         _require(self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}")
         _require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
-        _require(self.lr > 0, "lr must be positive")
-        _require(0 <= self.min_lr <= self.lr, "min_lr must be between 0 and lr")
+        _require(0 < self.lr <= MAX_LR, f"lr must be positive and at most {MAX_LR:g}, got {self.lr}")
+        _require(0 <= self.min_lr <= self.lr, f"min_lr must be between 0 and lr ({self.lr}), got {self.min_lr}")
         _require(self.warmup_epochs >= 0, "warmup_epochs must not be negative")
         _require(self.weight_decay >= 0, "weight_decay must not be negative")
+        # both optimizers scale the weights by (1 - lr * weight_decay) each step: at 1 or more they vanish or flip
+        _require(self.lr * self.weight_decay < 1, f"weight_decay x lr must be below 1 (each step multiplies the "
+                 f"weights by 1 - lr x weight_decay), got {self.weight_decay:g} x {self.lr:g}")
+        if self.optimizer == "sgd":  # Nesterov momentum needs some momentum
+            _require(0 < self.momentum < 1, f"momentum must be in (0, 1) for sgd (Nesterov), got {self.momentum}")
+        _require(0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}")
         _require(0 <= self.smoothing < 1, "smoothing must be in [0, 1)")
         _require(0 <= self.drop_path < 1, "drop_path must be in [0, 1)")
         _check_augmentation(self)
@@ -194,9 +212,19 @@ class FinetuneConfig:
         _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
         _require(self.clip_grad is None or self.clip_grad > 0, "clip_grad must be positive")
         _require(self.workers >= 0, "workers must not be negative")
+        _require(0 <= self.seed <= MAX_SEED, f"seed must be between 0 and {MAX_SEED}, got {self.seed}")
+        _require(self.max_train is None or self.max_train >= 1, "max_train must be at least 1")
+        _require(self.max_eval is None or self.max_eval >= 1, "max_eval must be at least 1")
         _require(self.checkpoint_every >= 0, "checkpoint_every must not be negative")
         _require(self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1")
         _require(self.eval_every >= 0 and self.log_every >= 1, "eval_every must be >= 0 and log_every >= 1")
+        _require(not (self.streaming and self.steps is None),
+                 "--streaming needs --steps: a streamed training split has no known length")
+        _require(self.name is None or self.name.strip() != "",
+                 "name must not be empty: leave --name out for the default MODEL-POLICY-DATASET-RES")
+        for path_field in ("model", "dataset", "data_dir", "checkpoint", "output_dir", "store"):
+            value = getattr(self, path_field)
+            _require(value is None or value.strip() != "", f"{path_field} must not be empty")
         for tracker in self.trackers:
             _require(tracker in TRACKERS, f"unknown tracker {tracker!r}; choose from {', '.join(TRACKERS)}")
 
@@ -277,13 +305,22 @@ class EvalConfig:
     precision: str = _opt("no", "mixed precision: no, bf16, fp16 (GPU)", choices=PRECISIONS, group=RUN)
     cpu: bool = _opt(False, "evaluate on the CPU even if a GPU is present", group=RUN)
     output: Optional[str] = _opt(None, "write the JSON here instead of stdout", metavar="FILE", group=RUN)
+    overwrite: bool = _opt(False, "replace an existing --output file", group=RUN)
+    progress: Optional[bool] = _opt(None, "show a progress bar (default: when stderr is a terminal)", group=RUN)
 
     def __post_init__(self) -> None:
-        _coerce_fields(self)
+        _coerce_fields(self)  # also refuses NaN and inf in every float field
         _require(self.batch_size >= 1, "batch_size must be at least 1")
         _require(self.res is None or self.res >= 1, "res must be a positive number of pixels")
+        _require(self.crop_pct is None or MIN_CROP_PCT <= self.crop_pct <= 1,
+                 f"crop_pct must be in [{MIN_CROP_PCT}, 1], got {self.crop_pct}")
+        _require(self.max_eval is None or self.max_eval >= 1, "max_eval must be at least 1")
+        _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
         _require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
         _require(self.workers >= 0, "workers must not be negative")
+        for path_field in ("model", "adapter", "dataset", "data_dir", "checkpoint", "store", "output"):
+            value = getattr(self, path_field)
+            _require(value is None or value.strip() != "", f"{path_field} must not be empty")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -344,10 +381,15 @@ def load_recipe(path: str, config_cls: type = FinetuneConfig) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise ConfigError(f"recipe {path} not found")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             values = yaml.safe_load(f)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"recipe {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): "
+                          "save it as UTF-8") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"recipe {path} is not valid YAML: {' '.join(str(e).split())}") from None
+    except OSError as e:
+        raise ConfigError(f"recipe {path} cannot be read: {e.strerror or e}") from None
     if values is None:
         return {}
     if not isinstance(values, dict):
@@ -403,7 +445,10 @@ def _coerce_fields(config) -> None:
             if not optional:
                 raise ConfigError(f"{f.name} must not be empty")
             continue
-        setattr(config, f.name, _coerce(f.name, value, kind))
+        value = _coerce(f.name, value, kind)
+        if kind in (float, tuple) and not all(math.isfinite(v) for v in (value if kind is tuple else (value,))):
+            raise ConfigError(f"{f.name} must be a finite number, got {value if kind is float else list(value)}")
+        setattr(config, f.name, value)
 
 
 def _coerce(name: str, value: Any, kind: type) -> Any:
@@ -453,16 +498,24 @@ def _check_augmentation(cfg: FinetuneConfig) -> None:
     for name in ("reprob", "hflip", "vflip", "mixup_prob", "mixup_switch_prob"):
         value = getattr(cfg, name)
         _require(value is None or 0 <= value <= 1, f"{name} must be a probability in [0, 1], got {value}")
-    for name in ("mixup", "cutmix", "color_jitter"):
+    for name in ("mixup", "cutmix"):
         value = getattr(cfg, name)
         _require(value is None or 0 <= value < math.inf, f"{name} must be a finite number >= 0, got {value}")
-    _require(cfg.recount is None or cfg.recount >= 1, f"recount must be at least 1, got {cfg.recount}")
-    _require(cfg.repeated_aug >= 1, f"repeated_aug must be at least 1, got {cfg.repeated_aug}")
+    # torchvision draws brightness, contrast and saturation factors from [max(0, 1 - x), 1 + x]
+    _require(cfg.color_jitter is None or 0 <= cfg.color_jitter <= MAX_COLOR_JITTER,
+             f"color_jitter must be between 0 and {MAX_COLOR_JITTER}, got {cfg.color_jitter}")
+    _require(cfg.recount is None or 1 <= cfg.recount <= MAX_RANDOM_ERASING_COUNT,
+             f"recount must be between 1 and {MAX_RANDOM_ERASING_COUNT}, got {cfg.recount}")
+    _require(1 <= cfg.repeated_aug <= MAX_REPEATED_AUG,
+             f"repeated_aug must be between 1 and {MAX_REPEATED_AUG}, got {cfg.repeated_aug}")
+    _require(cfg.train_interpolation is None or cfg.train_interpolation in INTERPOLATIONS,
+             f"train_interpolation must be one of {', '.join(INTERPOLATIONS)}, got {cfg.train_interpolation!r}")
     for name, low, high in (("scale", 0, 1), ("ratio", 0, math.inf)):
         value = getattr(cfg, name)
         _require(value is None or (low < value[0] <= value[1] <= high and value[1] < math.inf),
                  f"{name} must be two numbers LOW <= HIGH in ({low}, {high:g}], got {value}")
-    _require(cfg.crop_pct is None or 0 < cfg.crop_pct <= 1, f"crop_pct must be in (0, 1], got {cfg.crop_pct}")
+    _require(cfg.crop_pct is None or MIN_CROP_PCT <= cfg.crop_pct <= 1,
+             f"crop_pct must be in [{MIN_CROP_PCT}, 1], got {cfg.crop_pct}")
     _require(cfg.remode is None or cfg.remode in ("const", "rand", "pixel"),
              f"remode must be const, rand or pixel, got {cfg.remode!r}")
 

@@ -44,3 +44,12 @@ class ConfigError(AttnftError):
 
 class OfflineError(AttnftError):
     """A hub download was needed while offline."""
+
+
+class DivergedError(AttnftError):
+    """Training diverged (a loss or a trained weight became NaN or inf); nothing was saved."""
+
+
+class ReportedElsewhere(AttnftError):
+    """Raised on the other processes of a distributed run when the main process stopped it with a
+    user error: it exits with code 2 quietly, the main process prints the one line."""

@@ -6,8 +6,10 @@ split gives the same numbers on one process or many, in training or in ``attnft 
 """
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +90,22 @@ def evaluate(model: nn.Module, loader, label_names: list[str], accelerator=None,
         num_samples=total,
         per_class=per_class,
     )
+
+
+def strict_json(value: Any, **dumps_kwargs) -> str:
+    """``json.dumps`` of ``value`` with every NaN and inf written as null: strict JSON, which Python's
+    default ``NaN`` / ``Infinity`` is not (``jq``, JavaScript and most readers refuse those)."""
+    return json.dumps(_finite_or_none(value), allow_nan=False, **dumps_kwargs)
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value
 
 
 def _percent(count: int, total: int) -> Optional[float]:

@@ -21,6 +21,7 @@ import json
 import pickle
 import re
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
@@ -29,16 +30,17 @@ from urllib.error import URLError
 import safetensors.torch
 import timm
 import torch
-from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+from huggingface_hub.errors import EntryNotFoundError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
+from huggingface_hub.utils import validate_repo_id
 from timm.data import resolve_model_data_config
 from timm.models import clean_state_dict, get_model_input_config, model_entrypoint, parse_model_name
 from torch import nn
 
 from .errors import AdapterError, ConfigError, OfflineError, UnknownModelError
-from .resolution import check_img_size, check_img_size_value, resample_state_dict
+from .resolution import check_img_size, check_img_size_value, check_token_count, resample_state_dict
 
 __all__ = ["create_model", "read_state_dict", "data_config", "model_img_size", "patch_grid", "base_label_names",
-           "head_fits"]
+           "head_fits", "checkpoint_bytes"]
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".tar")
 # containers training scripts wrap a state dict in (DeiT / timm train.py / BEiT v2 / Lightning)
@@ -73,6 +75,8 @@ def create_model(
         size_args = {}
         if img_size is not None and get_model_input_config(native)["fixed_input_size"]:
             size_args = {"img_size": img_size}  # other models take any size; only the data config changes
+        if img_size is not None:
+            check_token_count(native, img_size, name)  # before a model sized for it is built, even on meta
         target = _skeleton(name, **size_args, **build_args) if size_args else native
         if img_size is not None:
             check_img_size(target, img_size, name)
@@ -100,14 +104,21 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     strips DDP / torch.compile prefixes (``module.``, ``_orig_mod.``). Raises AdapterError.
     """
     path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.iterdir() if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES)
+        inside = f" (in it: {_few(found)})" if found else ""
+        raise AdapterError(f"checkpoint {path} is a directory, not a file{inside}: pass the weights file, or "
+                           f"--model local-dir:{path} for a timm folder with config.json")
     if not path.is_file():
         raise AdapterError(f"checkpoint {path} does not exist")
     try:
         if path.suffix == ".safetensors":
             content = safetensors.torch.load_file(str(path), device="cpu")
         else:
-            # timm's train.py stores its argparse arguments next to the weights
-            with torch.serialization.safe_globals([argparse.Namespace]):
+            # timm's train.py stores its argparse arguments next to the weights; torch warns about
+            # pickle protocols its weights_only reader was not written for, which says nothing to a user
+            with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
                 content = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         refused = torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) if zipfile.is_zipfile(path) else []
@@ -167,6 +178,33 @@ def head_fits(base_names: Optional[list[list[str]]], num_classes: int, task_name
     return all(norm(task) in {norm(n) for n in forms} for task, forms in zip(task_names, base_names))
 
 
+def checkpoint_bytes(model: nn.Module) -> int:
+    """Bytes of the model's own weights as a plain timm checkpoint holds them: every tensor of its
+    state dict once (tied ones once), in their dtype. A peft model counts as its base without the
+    adapter's tensors (LoRA / IA3 weights, peft's copies of modules it trains): the "full
+    checkpoint" every report compares an adapter with is the same for every policy."""
+    peft_model = getattr(model, "get_base_model", None)
+    base = peft_model() if callable(peft_model) else model
+    seen, total = set(), 0
+    for key, tensor in base.state_dict().items():
+        if _is_peft_tensor(key):
+            continue
+        ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.numel())
+        if ident not in seen:
+            seen.add(ident)
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+# peft's additions to a module's state dict: its method's tensors, and for a module it trains
+# whole (the head) the trained copy; ``original_module`` is the base's own copy and counts
+_PEFT_TENSOR = re.compile(r"(^|\.)(lora_[A-Za-z_]+|ia3_l|modules_to_save|lora_magnitude_vector)(\.|$)")
+
+
+def _is_peft_tensor(key: str) -> bool:
+    return _PEFT_TENSOR.search(key) is not None
+
+
 def model_img_size(model: nn.Module) -> tuple[int, int]:
     """The (H, W) input size in pixels the model was built for."""
     return tuple(get_model_input_config(model)["input_size"][1:])
@@ -198,8 +236,16 @@ def _check_name(name: str) -> None:
         if not timm.is_model(arch or ""):
             raise UnknownModelError(f"{name}: {config_file} names no timm architecture (architecture={arch!r})")
         return
+    if source == "hf-hub":
+        repo_id = model_id.split("@", 1)[0].split(":", 1)[0]  # ORG/REPO[@REVISION]
+        try:
+            validate_repo_id(repo_id)
+        except HFValidationError:
+            raise UnknownModelError(f"{name}: {repo_id!r} is not a hub repo id; use hf-hub:ORG/REPO, "
+                                    "e.g. hf-hub:timm/vit_small_patch16_224.augreg_in21k") from None
+        return
     if source is not None:
-        return  # hub ids are checked by the hub
+        return  # other sources are checked by timm
     arch, tag = timm.models.split_model_name_tag(model_id)
     if not timm.is_model(arch):
         close = difflib.get_close_matches(arch, timm.list_models(), n=5, cutoff=0.6)
@@ -222,6 +268,8 @@ def _hub_errors(name: str) -> Iterator[None]:
         ) from e
     except (RepositoryNotFoundError, EntryNotFoundError) as e:
         raise UnknownModelError(f"{name}: no such timm model on the hub ({type(e).__name__})") from e
+    except HFValidationError as e:
+        raise UnknownModelError(f"{name}: not a valid hub repo id ({str(e).split('.')[0]})") from e
     except URLError as e:
         raise OfflineError(
             f"{name}: downloading its weights failed ({e.reason}); pass --checkpoint FILE or local-dir:PATH instead"
@@ -240,8 +288,8 @@ def _skeleton(name: str, **build_args: Any) -> nn.Module:
 def _check_has_weights(model: nn.Module, name: str) -> None:
     cfg = model.pretrained_cfg
     if cfg.get("source") in ("hf-hub", "local-dir"):
-        if cfg.get("source") == "local-dir" and not _has_weight_file(Path(cfg["file"])):
-            raise AdapterError(f"{name}: no model.safetensors or pytorch_model.bin in {cfg['file']}")
+        if cfg.get("source") == "local-dir":
+            _check_local_dir_weights(Path(cfg["file"]), name)
         return
     if not any(cfg.get(k) for k in ("hf_hub_id", "url", "file", "state_dict")):
         raise ConfigError(f"{name} has no pretrained weights in timm; pass a checkpoint or pretrained=False")
@@ -249,8 +297,19 @@ def _check_has_weights(model: nn.Module, name: str) -> None:
         raise AdapterError(f"{name}: its pretrained weights file {cfg['file']} does not exist")
 
 
-def _has_weight_file(folder: Path) -> bool:
-    return any(p.suffix in CHECKPOINT_SUFFIXES for p in folder.iterdir() if p.is_file())
+def _check_local_dir_weights(folder: Path, name: str) -> None:
+    """A local-dir model is read from safetensors only: timm would unpickle a pytorch_model.bin."""
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES)
+    if any(p.suffix == ".safetensors" for p in files):
+        return
+    if not files:
+        raise AdapterError(f"{name}: no model.safetensors in {folder}")
+    pickled = files[0]
+    raise AdapterError(
+        f"{name}: {folder} holds only the pickled {pickled.name}, and attnft never unpickles a model folder; "
+        f"convert it once: python -c \"import torch, safetensors.torch as s; s.save_file(torch.load("
+        f"'{pickled}', weights_only=True), '{folder / 'model.safetensors'}')\""
+    )
 
 
 # --- loading ------------------------------------------------------------------------------

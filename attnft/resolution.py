@@ -20,7 +20,13 @@ from torch import nn
 
 from .errors import ConfigError
 
-__all__ = ["resample_state_dict", "required_multiple", "check_img_size", "check_img_size_value"]
+__all__ = ["resample_state_dict", "required_multiple", "check_img_size", "check_img_size_value", "check_token_count",
+           "MAX_TOKENS"]
+
+# The most patch tokens an input may have: a 512 x 512 grid (8192 px at 16 px patches, Swin at 2048 px).
+# Beyond it one image's activations (and a ViT's position embedding, resampled in float32) no longer
+# fit any accelerator: such a --res is a typo, and building the model would exhaust memory first.
+MAX_TOKENS = 512 * 512
 
 
 def resample_state_dict(state_dict: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
@@ -136,6 +142,30 @@ def check_img_size_value(img_size: object) -> None:
     """Raise ConfigError unless ``img_size`` is a positive whole number of pixels."""
     if not isinstance(img_size, int) or isinstance(img_size, bool) or img_size <= 0:
         raise ConfigError(f"image size must be a positive number of pixels, got {img_size!r}")
+
+
+def patch_size(model: nn.Module) -> int:
+    """The pixels one token of the first stage covers (a side); the total stride if the model has no patch size."""
+    size = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    if size is not None:
+        return int(size if isinstance(size, int) else max(size))
+    return required_multiple(model)
+
+
+def check_token_count(model: nn.Module, img_size: int, model_name: str) -> None:
+    """Raise ConfigError if ``img_size`` (pixels, square) gives more than :data:`MAX_TOKENS` patch tokens.
+
+    ``model`` may be a skeleton at any size (the meta device): only its patch size is read.
+    """
+    check_img_size_value(img_size)
+    patch = max(1, patch_size(model))
+    tokens = (img_size // patch) ** 2
+    if tokens > MAX_TOKENS:
+        largest = math.isqrt(MAX_TOKENS) * patch
+        raise ConfigError(
+            f"image size {img_size} gives {tokens:,} tokens of {patch} px patches for {model_name}, far more than "
+            f"fits in memory: at most {MAX_TOKENS:,} tokens, i.e. --res up to {largest}"
+        )
 
 
 def check_img_size(model: nn.Module, img_size: int, model_name: str) -> None:

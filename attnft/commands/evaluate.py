@@ -7,9 +7,9 @@ With an adapter, the model, resolution and eval transform default to the adapter
 numbers match those its fine-tuning run reported.
 """
 import argparse
-import json
 import os
 import sys
+from pathlib import Path
 
 from ..config import DEFAULT_MODEL, EvalConfig, add_config_arguments, config_from_args
 
@@ -29,19 +29,44 @@ def run(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
     config = config_from_args(EvalConfig, args)
+    if config.output:
+        check_output_file(config.output, config.overwrite)  # before minutes of evaluation
     report = evaluate_model(config)
     if not PartialState().is_main_process:  # under torchrun / accelerate launch every process has the numbers
         return 0
-    text = json.dumps(report, indent=2) + "\n"
+    from ..evaluate import strict_json
+
+    text = strict_json(report, indent=2) + "\n"
     if config.output:
-        tmp = f"{config.output}.tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, config.output)
-        print(f"top-1 {report['top1']:.2f}%  top-5 {report['top5']:.2f}%  -> {config.output}", file=sys.stderr)
+        from ..runner import write_text_atomically
+
+        check_output_file(config.output, config.overwrite)  # still free: another command may have written it
+        write_text_atomically(Path(config.output), text, "the evaluation JSON")
+        print(f"top-1 {_percent(report['top1'])}  top-5 {_percent(report['top5'])}  -> {config.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
+
+
+def check_output_file(output: str, overwrite: bool) -> None:
+    """ConfigError unless ``output`` can take the JSON: not a folder, its folder there, not a file already
+    (without ``overwrite``)."""
+    from ..errors import ConfigError
+
+    path = Path(output)
+    if path.is_dir():
+        raise ConfigError(f"--output {output} is a directory: name a file, e.g. {path / 'eval.json'}")
+    if path.exists() and not overwrite:
+        raise ConfigError(f"--output {output} exists: pass --overwrite to replace it, or name another file")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ConfigError(f"--output {output}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output {output}: the folder {folder} cannot be written (permission denied)")
+
+
+def _percent(value) -> str:
+    return f"{value:.2f}%" if value is not None else "n/a"
 
 
 def evaluate_model(cfg: EvalConfig) -> dict:
@@ -50,7 +75,7 @@ def evaluate_model(cfg: EvalConfig) -> dict:
 
     from .. import bundled  # noqa: F401  registers the default model in timm
     from ..adapters import load_adapter, read_adapter
-    from ..data import build_transforms, collate_skipping_failures, load_task, with_transform
+    from ..data import build_transforms, collate_skipping_failures, load_task, quiet_datasets, with_transform
     from ..errors import ConfigError
     from ..evaluate import evaluate
     from ..models import create_model, data_config
@@ -75,12 +100,17 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     else:
         adapter_config = None
     model_name = cfg.model or (adapter_config.model_name if adapter_config else DEFAULT_MODEL)
+    if adapter_config is not None and cfg.res is not None and cfg.res != adapter_config.input_size:
+        raise ConfigError(f"adapter {cfg.adapter} was trained at {adapter_config.input_size} px, not {cfg.res}: "
+                          f"leave out --res (or pass --res {adapter_config.input_size}) to evaluate it")
     res = cfg.res or (adapter_config.input_size if adapter_config else None)
+    progress = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
 
-    task = load_task(
-        cfg.dataset, data_dir=cfg.data_dir, image_key=cfg.image_key, label_key=cfg.label_key,
-        train_split=cfg.split, eval_split=cfg.split, max_eval=_max_eval(cfg), val_fraction=cfg.val_fraction,
-    )
+    with quiet_datasets(progress):
+        task = load_task(
+            cfg.dataset, data_dir=cfg.data_dir, image_key=cfg.image_key, label_key=cfg.label_key,
+            train_split=cfg.split, eval_split=cfg.split, max_eval=_max_eval(cfg), val_fraction=cfg.val_fraction,
+        )
     model = create_model(model_name, checkpoint=cfg.checkpoint, img_size=res)
     if peft_path is not None:
         from ..peft_methods import load_peft_adapter
@@ -102,10 +132,10 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     loader = DataLoader(with_transform(task.eval, transform), batch_size=cfg.batch_size, shuffle=False,
                         num_workers=cfg.workers, collate_fn=collate_skipping_failures)
     model, loader = accelerator.prepare(model, loader)
-    result = evaluate(model, loader, task.label_names, accelerator, progress=sys.stderr.isatty())
+    result = evaluate(model, loader, task.label_names, accelerator, progress=progress)
     return {
         "model": model_name,
-        "adapter": str(adapter.path) if adapter is not None else None,
+        "adapter": str(adapter.path) if adapter is not None else str(peft_path) if peft_path is not None else None,
         "dataset": task.name,
         "source": task.source,
         "split": cfg.split,  # None: the dataset's evaluation split

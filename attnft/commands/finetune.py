@@ -2,8 +2,13 @@
 
     attnft finetune --policy attn --res 56                  # the bundled ViT on Fashion-MNIST at 2x
     attnft finetune --recipe recipes/deit3_s_224_to_384_attn.yaml --data-dir ~/imagenet
-    torchrun --nproc_per_node 2 -m attnft finetune ... --cpu # DDP on the CPU (gloo)
-    accelerate launch --multi_gpu -m attnft finetune ...     # DDP on GPUs
+    # DDP on the CPU (gloo), 2 processes: torchrun, or accelerate launch with --multi_gpu (its --cpu, or no
+    # --multi_gpu, starts one process whatever --num_processes says; attnft warns when that happens)
+    torchrun --standalone --nproc_per_node 2 -m attnft finetune ... --cpu
+    accelerate launch --multi_gpu --num_processes 2 -m attnft finetune ... --cpu
+    # DDP on N GPUs
+    accelerate launch --multi_gpu --num_processes N -m attnft finetune ...
+    torchrun --standalone --nproc_per_node N -m attnft finetune ...
 
 Every flag is a field of :class:`attnft.config.FinetuneConfig`; ``--recipe FILE`` fills them
 from YAML first.

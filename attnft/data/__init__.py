@@ -14,7 +14,7 @@ from .images import (
     decode_image,
     to_rgb,
 )
-from .loading import TaskData, check_batch_size, load_task
+from .loading import TaskData, check_batch_size, load_task, quiet_datasets
 from .presets import PRESETS, DatasetPreset, get_preset
 from .transforms import (
     AugConfig,
@@ -22,6 +22,7 @@ from .transforms import (
     TransformedDataset,
     TransformedIterable,
     build_transforms,
+    check_auto_augment,
     make_mixup,
     with_transform,
 )
@@ -37,12 +38,14 @@ __all__ = [
     "TransformedDataset",
     "TransformedIterable",
     "build_transforms",
+    "check_auto_augment",
     "check_batch_size",
     "collate_skipping_failures",
     "decode_image",
     "get_preset",
     "load_task",
     "make_mixup",
+    "quiet_datasets",
     "to_rgb",
     "with_transform",
 ]

@@ -7,6 +7,8 @@ Fashion-MNIST. Everything but Fashion-MNIST goes through Hugging Face ``datasets
 the splits come back undecoded and are decoded lazily by :mod:`attnft.data.images`.
 """
 import os
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import datasets
@@ -59,6 +61,27 @@ class TaskData:
     @property
     def streaming(self) -> bool:
         return isinstance(self.train, ImageClassificationIterable)
+
+
+@contextmanager
+def quiet_datasets(progress: bool = True):
+    """Inside: `datasets` shows its own progress bars ("Generating train split", "Downloading data")
+    only with ``progress`` on and stderr a terminal, and logs errors only. So ``--no-progress``
+    means none, and a log or a captured stderr holds what attnft says: an error is its one line."""
+    from datasets.utils import logging as datasets_logging
+
+    was_shown = datasets.is_progress_bar_enabled()
+    verbosity = datasets_logging.get_verbosity()
+    show = progress and was_shown and sys.stderr.isatty()
+    if not show:
+        datasets.disable_progress_bars()
+    datasets_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        datasets_logging.set_verbosity(verbosity)
+        if was_shown and not show:
+            datasets.enable_progress_bars()
 
 
 def check_batch_size(dataset, batch_size: int) -> None:
@@ -153,6 +176,7 @@ class _Loaded:
     train_split: str
     eval_split: str | None
     label_names: list[str] | None = None  # known up front for non-hub layouts
+    data_files: dict | None = None  # split -> its files, for sources `datasets` reads from files
 
     def finish(self, name: str, image_key, label_key, max_train, max_eval, val_fraction) -> TaskData:
         held_out = None
@@ -266,16 +290,52 @@ def _load_local(directory: str, train_split, eval_split, streaming) -> _Loaded:
     if kind == "files":
         return _load_hf(directory, f"local copy {directory}", train_split, eval_split, streaming)
     if kind == "images":
+        _check_file_names(directory)
         loaded = _load_hf("imagefolder", f"image folder {directory}", train_split, eval_split, streaming,
                           data_dir=directory)
+        # imagefolder names classes after the images' folders, and only when there are two or more
+        classes = {split: {os.path.basename(os.path.dirname(str(f))) for f in files}
+                   for split, files in (loaded.data_files or {}).items()}
         features = loaded.train.features or {}
-        # imagefolder names classes after the images' folders: split folders mean no class folders
         if "label" not in features or set(features["label"].names) <= _SPLIT_FOLDER_NAMES:
+            found = set().union(*classes.values()) - _SPLIT_FOLDER_NAMES
+            if len(found) == 1:
+                raise DataError(f"{directory} has only one class ({found.pop()!r}): a classifier needs two class "
+                                f"folders or more, as in train/<class>/ and val/<class>/")
             raise DataError(f"{directory} has images but no class folders: put them in "
                             f"train/<class>/ and val/<class>/ (or test/<class>/), two classes or more")
+        _check_same_classes(classes, loaded.train_split, loaded.eval_split, directory)
         return loaded
     raise DataError(f"no images in {directory}: expected train/ and val/ (or test/) folders, "
                     f"each holding one folder of images per class")
+
+
+def _check_file_names(directory: str) -> None:
+    """DataError naming the first file or folder under ``directory`` whose name is not UTF-8 (``datasets`` needs it)."""
+    for root, folders, files in os.walk(directory):
+        for name in folders + files:
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:  # os.fsdecode turned the bytes that are not UTF-8 into surrogates
+                raw = os.fsencode(os.path.join(root, name))
+                raise DataError(f"the name {raw!r} in {directory} is not UTF-8, which `datasets` needs: rename it "
+                                f"(e.g. convmv -r -f latin1 -t utf-8 --notest {directory})") from None
+
+
+def _check_same_classes(classes: dict, train_split: str, eval_split: str | None, directory: str) -> None:
+    """DataError naming a class folder that one side (train or eval) has and the other lacks."""
+    if eval_split is None:
+        return
+    sides = {}
+    for side, split in (("train", train_split), ("eval", eval_split)):
+        sides[side] = set().union(*(classes.get(part, set()) for part in split.split("+")))
+    for side, other in (("train", "eval"), ("eval", "train")):
+        missing = sorted(sides[side] - sides[other])
+        if missing:
+            split = {"train": train_split, "eval": eval_split}
+            raise DataError(f"class {missing[0]!r} of image folder {directory} is in {split[side]} but not in "
+                            f"{split[other]}" + (f" ({len(missing) - 1} more)" if len(missing) > 1 else "")
+                            + ": both need the same class folders")
 
 
 def _load_saved(directory: str, train_split, eval_split, streaming) -> _Loaded:
@@ -315,7 +375,7 @@ def _load_hf(path: str, source: str, train_split, eval_split, streaming, data_di
         raise DataError(f"cannot prepare {source}: {error.__cause__ or error}") from None
     splits = [_concatenate([loaded[part] for part in split.split("+")]) if split else None
               for split in (train_split, eval_split)]
-    return _Loaded(source, splits[0], splits[1], train_split, eval_split)
+    return _Loaded(source, splits[0], splits[1], train_split, eval_split, data_files=data_files)
 
 
 def _hub_error(path: str, source: str, error: Exception) -> DataError:
@@ -393,6 +453,28 @@ def _prepare_columns(train, eval_, image_key, label_key, source):
     return train, eval_, image_key, label_key, label_names
 
 
+def _check_label_range(rows, label_key: str, feature: ClassLabel, source: str) -> None:
+    """DataError if a ClassLabel column holds a value outside its names (``datasets`` does not check what
+    a saved table holds): found at load time, not as an index error in the middle of training."""
+    if isinstance(rows, IterableDataset):
+        return  # a stream is not read ahead
+    import pyarrow.compute as pc
+
+    column = rows.data.column(label_key)
+    classes = f"0-{feature.num_classes - 1} for its {feature.num_classes} class names"
+    if column.null_count:
+        raise DataError(f"label column {label_key!r} of {source} has {column.null_count} row(s) without a label; "
+                        f"drop them, or give them one of {classes}")
+    if len(column) == 0:
+        return
+    low, high = (value.as_py() for value in pc.min_max(column).values())
+    bad = low if low < 0 else high if high >= feature.num_classes else None
+    if bad is not None:
+        what = " (no label)" if bad == -1 else ""
+        raise DataError(f"label column {label_key!r} of {source} holds {bad}{what}, outside {classes}; "
+                        f"fix the labels or the ClassLabel names")
+
+
 def _pick_column(key, columns, features, feature_type, usual_names, what, source) -> str:
     flag = f"--{what}-key"
     if key is not None:
@@ -412,6 +494,8 @@ def _pick_column(key, columns, features, feature_type, usual_names, what, source
 def _class_names(train, eval_, label_key, source):
     feature = train.features[label_key]
     if isinstance(feature, ClassLabel):
+        for rows in (train,) if eval_ is train else (train, eval_):
+            _check_label_range(rows, label_key, feature, source)
         return train, eval_, list(feature.names)
     if isinstance(train, IterableDataset):
         raise DataError(f"label column {label_key!r} of {source} has no class names (it is not a ClassLabel), "

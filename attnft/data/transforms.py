@@ -4,6 +4,7 @@
 ``crop_pct``, optionally ``crop_mode``) already at the target resolution: timm's
 config does not follow a ``--res`` change by itself, the caller sets ``input_size``.
 """
+import re
 from collections.abc import Callable, Iterator
 
 import torch
@@ -13,6 +14,7 @@ from timm.data.mixup import mixup_target
 from torch.utils.data import Dataset, IterableDataset
 
 from ..augmentation import AugConfig
+from ..errors import ConfigError
 from .images import ImageClassificationDataset, ImageClassificationIterable
 
 
@@ -35,6 +37,31 @@ def _patch_timm_posterize() -> None:
 
 
 _patch_timm_posterize()
+
+
+def check_auto_augment(policy: str | None) -> None:
+    """ConfigError unless timm reads all of the auto-augment ``policy`` (``rand-m9-mstd0.5``, ``augmix-m5``,
+    ``v0``, ...). timm's parsers skip a section without a number, so ``rand-zzz`` would silently be
+    plain RandAugment: every section after the name must be KEY+NUMBER (or RandAugment's ``tNAMES``)."""
+    if not policy:
+        return
+    name, *sections = policy.split("-")
+    for section in sections:
+        if not re.search(r"\d", section) and not (name == "rand" and section.startswith("t") and len(section) > 1):
+            raise ConfigError(f"cannot read auto_augment {policy!r}: section {section!r} is not KEY+NUMBER "
+                              "(e.g. rand-m9-mstd0.5-inc1, augmix-m5-w4, v0)")
+    hparams = dict(translate_const=100, img_mean=(124, 116, 104))
+    try:
+        if name == "rand":
+            auto_augment.rand_augment_transform(policy, hparams)
+        elif name == "augmix":
+            auto_augment.augment_and_mix_transform(policy, hparams)
+        else:
+            auto_augment.auto_augment_transform(policy, hparams)
+    except (AssertionError, ValueError, KeyError, TypeError) as error:
+        reason = str(error).strip() or type(error).__name__
+        raise ConfigError(f"cannot read auto_augment {policy!r} ({reason}): use a timm policy such as "
+                          "rand-m9-mstd0.5-inc1 (RandAugment), augmix-m5, or v0 / original (AutoAugment)") from None
 
 
 def build_transforms(data_config: dict, *, train: bool, aug: AugConfig | None = None) -> Callable:
