@@ -182,6 +182,7 @@ class AdapterConfig:
     weights_bytes: int = 0
     trained_params: int = 0
     created: str = ""  # ISO 8601, UTC
+    training: dict = field(default_factory=dict)  # how it was trained: dataset, accuracy, distillation, ...
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 
@@ -293,13 +294,15 @@ def save_adapter(
     title: Optional[str] = None,
     overwrite: bool = False,
     check_base: bool = True,
+    training: Optional[dict] = None,
 ) -> AdapterConfig:
     """Save the tensors ``report`` says trained, as the folder ``path``, atomically.
 
     ``base`` is the snapshot captured before training; with ``check_base`` the model's frozen
     tensors are first checked against it (one hash of the model), so an adapter never claims a
     base it does not fit. Refuses an existing ``path`` unless ``overwrite`` (then the old
-    adapter is replaced in one atomic step).
+    adapter is replaced in one atomic step). ``training``: how it was trained (dataset,
+    accuracy, distillation), kept in the config as it is.
     """
     path = Path(path)
     if mode not in MODES:
@@ -362,6 +365,7 @@ def save_adapter(
         base_model_id=getattr(model, "pretrained_cfg", {}).get("hf_hub_id"),
         trained_params=sum(t.numel() for t in trained.values()),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        training=jsonable(training or {}),
     )
     card_license = license or getattr(model, "pretrained_cfg", {}).get("license")
 

@@ -102,7 +102,8 @@ class FinetuneConfig:
     val_fraction: float = _opt(0.1, "share of the training images held out for evaluation (seeded, stratified) "
                                "when the data has no evaluation split, e.g. a folder of class folders",
                                group=DATA)
-    workers: int = _opt(2, "data loader worker processes per training process", group=DATA)
+    workers: Optional[int] = _opt(None, "data loader worker processes per training process (default: the cores "
+                                  "each process gets, less one, at most 8)", group=DATA)
     # --- augmentation: a level, and the fields of attnft.augmentation.AugConfig that override it
     aug: str = _opt("auto", "augmentation level: none, light (crops), medium (+RandAugment), heavy (DeiT's recipe), "
                     "or auto: chosen from the passes over the training images (none below 30 epochs, light "
@@ -174,6 +175,8 @@ class FinetuneConfig:
     log_with: Optional[str] = _opt(None, "Accelerate tracker(s), comma-separated, e.g. tensorboard",
                                    metavar="TRACKERS", group=RUN)
     progress: bool = _opt(True, "show progress bars", group=RUN)
+    compile: bool = _opt(False, "torch.compile the model (off by default: not yet measured faster on a GPU; "
+                         "benchmarks/gpu_benchmark.py measures it)", group=RUN)
     recompute_ffn: bool = _opt(False, "recompute the frozen FFN in the backward pass (saves memory)", group=RUN)
     grad_checkpointing: bool = _opt(False, "whole-block gradient checkpointing", group=RUN)
     find_unused_parameters: bool = _opt(False, "DDP: look for trainable parameters without gradients "
@@ -211,7 +214,7 @@ class FinetuneConfig:
         _check_distillation(self)
         _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
         _require(self.clip_grad is None or self.clip_grad > 0, "clip_grad must be positive")
-        _require(self.workers >= 0, "workers must not be negative")
+        _require(self.workers is None or self.workers >= 0, "workers must not be negative")
         _require(0 <= self.seed <= MAX_SEED, f"seed must be between 0 and {MAX_SEED}, got {self.seed}")
         _require(self.max_train is None or self.max_train >= 1, "max_train must be at least 1")
         _require(self.max_eval is None or self.max_eval >= 1, "max_eval must be at least 1")
@@ -317,7 +320,7 @@ class EvalConfig:
         _require(self.max_eval is None or self.max_eval >= 1, "max_eval must be at least 1")
         _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
         _require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
-        _require(self.workers >= 0, "workers must not be negative")
+        _require(self.workers is None or self.workers >= 0, "workers must not be negative")
         for path_field in ("model", "adapter", "dataset", "data_dir", "checkpoint", "store", "output"):
             value = getattr(self, path_field)
             _require(value is None or value.strip() != "", f"{path_field} must not be empty")

@@ -44,6 +44,7 @@ from .config import RUN_ONLY_FIELDS, FinetuneConfig
 from .errors import AttnftError, ConfigError, DataError, DivergedError, ReportedElsewhere, StoreError
 from .evaluate import EvalResult, evaluate, strict_json
 from .seeding import RepeatedAugmentationSampler, SeededAugmentation, derive_seed, seed_micro_batch, seeded_rngs
+from .speed import adamw_kwargs, default_workers, enable_tf32, loader_kwargs, maybe_compile
 
 __all__ = [
     "FinetuneResult", "Position", "finetune", "new_accelerator", "format_result", "default_adapter_name",
@@ -192,9 +193,18 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
     train_loader, eval_loader = _data_loaders(cfg, task, data_cfg, accelerator)
     mixup = make_mixup(cfg.aug_config(), task.num_classes)
     criterion = nn.CrossEntropyLoss(label_smoothing=0.0 if mixup is not None else cfg.smoothing)
+    distill, teacher = None, None
+    if cfg.distillation != "none":  # DeiT's: a frozen teacher labels every (mixed) training batch
+        from .distillation import DistillationLoss, build_teacher, is_distilled_student
+
+        teacher = build_teacher(cfg, task.num_classes, data_cfg)
+        distill = DistillationLoss(criterion, teacher.model.to(accelerator.device), teacher.input, cfg.distillation,
+                                   cfg.distillation_alpha, cfg.distillation_tau)
 
     # --- 3. memory options, optimizer (trainable weights only; no decay on biases, norms, tokens)
     backbone = model.get_base_model() if peft_method else model  # the role map names the plain model's modules
+    if distill is not None and is_distilled_student(backbone):
+        backbone.set_distilled_training(True)  # (z_cls, z_dist) in training; their average at eval, as DeiT
     if cfg.recompute_ffn:
         from .memory import enable_ffn_recompute
 
@@ -211,8 +221,13 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
         params = param_groups(model, cfg.weight_decay)  # no decay on IA3 scales, biases, norms
     else:
         params = model
+    # fused AdamW where the GPU has it; on the CPU the default kernel keeps results bitwise as before
+    fused = adamw_kwargs(accelerator.device) if cfg.optimizer == "adamw" and accelerator.device.type == "cuda" else {}
     optimizer = create_optimizer_v2(params, opt=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                    momentum=cfg.momentum)
+                                    momentum=cfg.momentum, **fused)
+    enable_tf32(accelerator.device)
+    if cfg.compile:
+        maybe_compile(backbone)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
 
     steps_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum) if not task.streaming else None
@@ -248,6 +263,10 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
         say(f"input {res} px; batch {cfg.batch_size} x {accelerator.num_processes} process(es) x {cfg.grad_accum} "
             f"accumulated = {cfg.batch_size * accelerator.num_processes * cfg.grad_accum} per step; {total_steps} "
             f"steps on {accelerator.device} ({_distribution_text(accelerator)}, {_precision_text(cfg.precision)})")
+        if teacher is not None:
+            say(f"teacher: {teacher.description}, {teacher.num_params:,} weights ({teacher.param_bytes / 1e6:.2f} MB), "
+                f"frozen; distillation {cfg.distillation}, alpha {cfg.distillation_alpha:g}"
+                + (f", tau {cfg.distillation_tau:g}" if cfg.distillation == "soft" else ""))
         if checkpoint is not None:
             say(f"resumed from {checkpoint} (step {position.step})")
 
@@ -281,8 +300,14 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
                 with accelerator.accumulate(model):
                     seed_micro_batch(cfg.seed, epoch, index, accelerator.process_index)
                     inputs, targets = mixup(images, labels) if mixup is not None else (images, labels)
-                    logits = model(inputs)
-                    loss = criterion(logits.float(), targets)
+                    outputs = model(inputs)
+                    if distill is not None:
+                        with accelerator.autocast():  # the teacher under the student's precision
+                            loss = distill(inputs, outputs, targets)
+                    else:
+                        loss = criterion(outputs.float(), targets)
+                    # a distilled student predicts with the average of its two heads, as at eval
+                    logits = (outputs[0] + outputs[1]) / 2 if isinstance(outputs, tuple) else outputs
                     accelerator.backward(loss)
                     if accelerator.sync_gradients and cfg.clip_grad:
                         accelerator.clip_grad_norm_(model.parameters(), cfg.clip_grad)
@@ -331,12 +356,14 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
             raise _diverged(f"the evaluation loss is {final.loss} after step {position.step}", cfg)
         trained = _trained_model(model, accelerator, cfg, task, report)
 
+        training = _training_record(cfg, task, final)
+
         def save(into: AdapterStore) -> Path:
             if peft_method:  # peft's own format plus our fingerprint; input size and data config come from the model
                 return into.save(name, trained, report, label_names=task.label_names, model_name=cfg.model,
-                                 metadata={"dataset": task.name}, overwrite=cfg.overwrite and into is store)
+                                 metadata=training, overwrite=cfg.overwrite and into is store)
             return into.save(name, trained, report, base, mode="exact", label_names=task.label_names,
-                             data_config=data_cfg, input_size=res, model_name=cfg.model,
+                             data_config=data_cfg, input_size=res, model_name=cfg.model, training=training,
                              overwrite=cfg.overwrite and into is store)
 
         def save_and_report() -> FinetuneResult:
@@ -962,8 +989,9 @@ def _data_loaders(cfg: FinetuneConfig, task, data_cfg: dict, accelerator) -> tup
     if not task.streaming:
         train = SeededAugmentation(train, cfg.seed)
     evaluation = with_transform(task.eval, build_transforms(data_cfg, train=False))
-    common = dict(num_workers=cfg.workers, collate_fn=collate_skipping_failures,
-                  pin_memory=accelerator.device.type == "cuda")
+    workers = cfg.workers if cfg.workers is not None else default_workers(accelerator.num_processes)
+    # not persistent: workers would keep the dataset copy of epoch 0, and with it epoch 0's augmentation seeds
+    common = dict(collate_fn=collate_skipping_failures, **loader_kwargs(workers, accelerator.device, persistent=False))
     if cfg.repeated_aug > 1 and not task.streaming:
         order = dict(sampler=RepeatedAugmentationSampler(train, cfg.repeated_aug, cfg.seed))
     else:
@@ -1113,6 +1141,17 @@ def _tracker_config(cfg: FinetuneConfig) -> dict:
     # trackers (TensorBoard's hparams) take scalars and strings only
     return {k: (str(v) if not isinstance(v, (int, float, str, bool)) else v)
             for k, v in cfg.to_dict().items() if v is not None}
+
+
+def _training_record(cfg: FinetuneConfig, task, final: EvalResult) -> dict:
+    """What the adapter keeps of how it was trained (the whole config is in the run's config.yaml)."""
+    record = {"dataset": task.name, "top1": final.top1, "epochs": cfg.epochs, "steps": cfg.steps,
+              "aug": cfg.aug, "seed": cfg.seed}
+    if cfg.distillation != "none":
+        record["distillation"] = {"type": cfg.distillation, "alpha": cfg.distillation_alpha,
+                                  "tau": cfg.distillation_tau, "teacher": cfg.teacher,
+                                  "teacher_checkpoint": cfg.teacher_checkpoint, "teacher_adapter": cfg.teacher_adapter}
+    return record
 
 
 def _length(split) -> Optional[int]:
