@@ -21,6 +21,7 @@ JSON or YAML, written whole or not at all.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -160,6 +161,8 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
 
     cfg, aug_reason = cfg.with_aug_resolved(_length(task.train),
                                             cfg.batch_size * accelerator.num_processes * cfg.grad_accum)
+    if cfg.workers is None:  # from the machine's cores, and recorded in config.yaml as chosen
+        cfg = dataclasses.replace(cfg, workers=default_workers(accelerator.num_processes))
     fits = head_fits(base_label_names(model), model.num_classes, task.label_names)
     new_head = cfg.new_head if cfg.new_head is not None else fits is False
     if new_head:
@@ -989,7 +992,7 @@ def _data_loaders(cfg: FinetuneConfig, task, data_cfg: dict, accelerator) -> tup
     if not task.streaming:
         train = SeededAugmentation(train, cfg.seed)
     evaluation = with_transform(task.eval, build_transforms(data_cfg, train=False))
-    workers = cfg.workers if cfg.workers is not None else default_workers(accelerator.num_processes)
+    workers = cfg.workers if cfg.workers is not None else default_workers(accelerator.num_processes)  # finetune sets it
     # not persistent: workers would keep the dataset copy of epoch 0, and with it epoch 0's augmentation seeds
     common = dict(collate_fn=collate_skipping_failures, **loader_kwargs(workers, accelerator.device, persistent=False))
     if cfg.repeated_aug > 1 and not task.streaming:
