@@ -17,6 +17,7 @@ resized and renormalised for it when they differ.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -79,6 +80,7 @@ class DistillationLoss(nn.Module):
         self.teacher = teacher.eval().requires_grad_(False)
         self.teacher_input = teacher_input
         self.kind, self.alpha, self.tau = kind, alpha, tau
+        self.seconds = 0.0  # spent in the teacher's forward passes
 
     def train(self, mode: bool = True):  # the teacher stays in eval mode whatever the student does
         super().train(mode)
@@ -87,7 +89,12 @@ class DistillationLoss(nn.Module):
 
     @torch.no_grad()
     def teacher_logits(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.teacher(self.teacher_input(inputs)).float()
+        start = time.perf_counter()
+        logits = self.teacher(self.teacher_input(inputs)).float()
+        if logits.is_cuda:  # what the teacher costs, not when its kernels were queued
+            torch.cuda.synchronize(logits.device)
+        self.seconds += time.perf_counter() - start
+        return logits
 
     def forward(self, inputs: torch.Tensor, outputs, targets: torch.Tensor) -> torch.Tensor:
         z_cls, z_dist = outputs if isinstance(outputs, tuple) else (outputs, outputs)

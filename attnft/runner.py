@@ -281,6 +281,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
         # --- 5. the loop
         progress = _progress_bar(total_steps, position.step, cfg.progress and accelerator.is_local_main_process)
         clock = _StepClock(total_steps, position.step, accelerator, progress)
+        loop_start = time.perf_counter()
         window = _Window()
         epoch = position.epoch
         while position.step < total_steps:
@@ -349,6 +350,10 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
                     metrics.write({"step": position.step, "epoch": finished_epoch, **_eval_record(result)})
                     say(f"epoch {finished_epoch}: {result.summary()}")
         progress.close()
+        if distill is not None:
+            loop_s = time.perf_counter() - loop_start
+            say(f"teacher: {distill.seconds:.1f} s of the {loop_s:.1f} s training loop ({distill.seconds / loop_s:.0%}), "
+                f"{teacher.param_bytes / 1e6:.2f} MB of weights")
         _stop_if_diverged(window, accelerator, cfg, total_steps)
         _stop_if_weights_broken(model, accelerator, cfg, position.step)  # the last step's update is in no loss yet
 

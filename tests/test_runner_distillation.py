@@ -35,6 +35,7 @@ def test_a_distilled_student_learns_from_a_teacher_in_the_store_and_saves_the_se
                               "--distillation-tau", "2")) == 0
     printed = capsys.readouterr().out
     assert "teacher: local-dir:" in printed and "+ adapter teach at 32 px" in printed and "soft" in printed
+    assert "s training loop (" in printed and "MB of weights" in printed  # its time and memory
     saved = yaml.safe_load((tmp_path / "s" / "run" / "config.yaml").read_text())
     assert (saved["distillation"], saved["distillation_tau"], saved["teacher_adapter"]) == ("soft", 2.0, "teach")
     name = json.loads((tmp_path / "s" / "run" / "result.json").read_text())["adapter_name"]
