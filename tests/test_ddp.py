@@ -2,6 +2,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -29,9 +30,11 @@ def loss_curve(directory):
     return [r["loss"] for r in MetricsLog(directory / "run" / "metrics.jsonl").read() if "loss" in r]
 
 
-def test_two_process_ddp_follows_the_one_process_loss_curve_with_the_same_global_batch(tiny, tmp_path):
+@pytest.mark.parametrize("with_teacher", [False, True], ids=["plain", "teacher"])
+def test_two_process_ddp_follows_the_one_process_loss_curve_with_the_same_global_batch(tiny, tmp_path, with_teacher):
     model, data = tiny
-    ddp_args = finetune_args(model, data, tmp_path / "ddp", *RUN)
+    run = RUN + (["--teacher", model, "--distillation", "soft"] if with_teacher else [])  # the base as its teacher
+    ddp_args = finetune_args(model, data, tmp_path / "ddp", *run)
     ddp_args[ddp_args.index("--batch-size") + 1] = "4"  # x 2 processes = 8
     launched = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -43,7 +46,7 @@ def test_two_process_ddp_follows_the_one_process_loss_curve_with_the_same_global
     assert "(DDP, 2 processes, fp32)" in launched.stdout
     assert launched.stdout.count("adapter saved:") == 1  # the main process alone writes
 
-    assert main(finetune_args(model, data, tmp_path / "single", *RUN)) == 0  # batch 8, one process
+    assert main(finetune_args(model, data, tmp_path / "single", *run)) == 0  # batch 8, one process
 
     ddp, single = loss_curve(tmp_path / "ddp"), loss_curve(tmp_path / "single")
     assert len(ddp) == len(single) == 12
