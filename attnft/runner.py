@@ -273,6 +273,10 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
         if checkpoint is not None:
             say(f"resumed from {checkpoint} (step {position.step})")
 
+        evaluations = (1 if checkpoint is None and not new_head and cfg.eval_before else 0) + 1 + (
+            (cfg.epochs - 1) // cfg.eval_every if cfg.eval_every and steps_per_epoch else 0)
+        hinted = _say_forward_estimate(model, eval_loader, total_steps - position.step, cfg.grad_accum, evaluations,
+                                       accelerator)
         if checkpoint is None and not new_head and cfg.eval_before:  # printed once, in the closing lines
             before = evaluate(model, eval_loader, task.label_names, accelerator, cfg.progress, "eval before")
             accuracy_before = before.top1
@@ -280,7 +284,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
 
         # --- 5. the loop
         progress = _progress_bar(total_steps, position.step, cfg.progress and accelerator.is_local_main_process)
-        clock = _StepClock(total_steps, position.step, accelerator, progress)
+        clock = _StepClock(total_steps, position.step, accelerator, progress, hinted=hinted)
         loop_start = time.perf_counter()
         window = _Window()
         epoch = position.epoch
@@ -903,11 +907,36 @@ def _diverged(what: str, cfg: FinetuneConfig) -> DivergedError:
                          f"e.g. {cfg.lr / 10:g} (with --overwrite to reuse the output dir)")
 
 
+def _say_forward_estimate(model, eval_loader, steps: int, grad_accum: int, evaluations: int, accelerator) -> bool:
+    """Before anything long: the run's time from one measured forward pass of an eval batch (a
+    training step counted as three forwards: forward, and a backward about twice as long),
+    with the hint when that is far beyond what a user likely wants (returns whether it gave it).
+    The step clock refines the estimate."""
+    batch = next(iter(eval_loader), None)
+    if batch is None:
+        return False
+    model.eval()  # every process runs it: a DDP forward may sync buffers; the main one prints
+    with torch.no_grad():
+        start = time.perf_counter()
+        model(batch[0])
+        _synchronize(accelerator.device)
+        forward = time.perf_counter() - start
+    seconds = forward * (3 * steps * grad_accum + len(eval_loader) * evaluations)
+    clock = _StepClock(steps, 0, accelerator, _NoBar())
+    return clock._say(seconds, 3 * forward, 0, how=f"from one forward pass of {len(batch[0])} images, "
+                      f"{evaluations} evaluation(s) counted")
+
+
+class _NoBar:
+    disable = True
+
+
 class _StepClock:
     """Times the first optimizer steps and prints, once, how long the run will take: the second
     step is the measure (the first one warms up kernels and allocators), the first one if it is all."""
 
-    def __init__(self, total_steps: int, start_step: int, accelerator, progress):
+    def __init__(self, total_steps: int, start_step: int, accelerator, progress, hinted: bool = False):
+        self.hinted = hinted  # the hint is given once per run
         self.total = total_steps
         self.start_step = start_step
         self.accelerator = accelerator
@@ -930,18 +959,23 @@ class _StepClock:
             remaining = self.total - step
             self._say(now - self.started + remaining * per_step, per_step, 2)
 
-    def _say(self, seconds: float, per_step: float, measured_on: int) -> None:
+    def _say(self, seconds: float, per_step: float, measured_on: int, how: Optional[str] = None) -> bool:
+        """Print the estimate (main process); True if it came with the hint."""
         if not self.accelerator.is_main_process:
-            return
+            return False
         steps = self.total - self.start_step
+        how = how or f"measured on step {self.start_step + measured_on}; evaluations not counted"
         lines = [f"time: estimated {_duration(seconds)} for {steps:,} step{'s' if steps != 1 else ''} ({per_step:.3g} s "
-                 f"a step, measured on step {self.start_step + measured_on}; evaluations not counted)"]
+                 f"a step, {how})"]
         on_cpu = self.accelerator.device.type == "cpu"
-        if seconds > (LONG_RUN_CPU_S if on_cpu else LONG_RUN_S):
+        hint = seconds > (LONG_RUN_CPU_S if on_cpu else LONG_RUN_S) and not self.hinted
+        if hint:
             lines.append("hint: that is long" + (" for a CPU" if on_cpu else "") + ": a smaller --res, --max-train N "
                          "or --steps N" + (", or a GPU," if on_cpu else "") + " make it shorter")
         for line in lines:
             self.progress.write(line) if not self.progress.disable else print(line, flush=True)
+        self.hinted = self.hinted or hint
+        return hint
 
 
 def _synchronize(device: torch.device) -> None:

@@ -61,7 +61,9 @@ def test_every_run_prints_its_estimated_time_from_a_measured_step(tiny, tmp_path
     model, data = tiny
     assert main(finetune_args(model, data, tmp_path, "--steps", "4")) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("time:")]
-    assert len(lines) == 1 and "estimated" in lines[0] and "for 4 steps" in lines[0] and "measured on step 2" in lines[0]
+    # first from one forward pass, before anything long (the evaluation before training), then from step 2
+    assert len(lines) == 2 and "from one forward pass of" in lines[0] and "for 4 steps" in lines[0]
+    assert "estimated" in lines[1] and "for 4 steps" in lines[1] and "measured on step 2" in lines[1]
     assert main(finetune_args(model, data, tmp_path / "one", "--steps", "1")) == 0
     assert "for 1 step (" in capsys.readouterr().out  # one step: measured on itself
 
