@@ -46,6 +46,7 @@ from .errors import AttnftError, ConfigError, DataError, DivergedError, Reported
 from .evaluate import EvalResult, evaluate, strict_json
 from .seeding import RepeatedAugmentationSampler, SeededAugmentation, derive_seed, seed_micro_batch, seeded_rngs
 from .speed import adamw_kwargs, default_workers, enable_tf32, loader_kwargs, maybe_compile
+from .store import pid_alive
 
 __all__ = [
     "FinetuneResult", "Position", "finetune", "new_accelerator", "format_result", "default_adapter_name",
@@ -275,8 +276,8 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
 
         evaluations = (1 if checkpoint is None and not new_head and cfg.eval_before else 0) + 1 + (
             (cfg.epochs - 1) // cfg.eval_every if cfg.eval_every and steps_per_epoch else 0)
-        hinted = _say_forward_estimate(model, eval_loader, total_steps - position.step, cfg.grad_accum, evaluations,
-                                       accelerator)
+        clock = _StepClock(total_steps, position.step, accelerator)
+        clock.estimate_from_forward(model, eval_loader, cfg.grad_accum, evaluations)
         if checkpoint is None and not new_head and cfg.eval_before:  # printed once, in the closing lines
             before = evaluate(model, eval_loader, task.label_names, accelerator, cfg.progress, "eval before")
             accuracy_before = before.top1
@@ -284,7 +285,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
 
         # --- 5. the loop
         progress = _progress_bar(total_steps, position.step, cfg.progress and accelerator.is_local_main_process)
-        clock = _StepClock(total_steps, position.step, accelerator, progress, hinted=hinted)
+        clock.start(progress)
         loop_start = time.perf_counter()
         window = _Window()
         epoch = position.epoch
@@ -761,7 +762,7 @@ def _lock_owner(path: Path) -> Optional[tuple[int, str]]:
         return pid, host  # another machine's pid cannot be checked from here: held
     if pid == os.getpid():
         return None  # an earlier run in this very process (a notebook, the tests) that cannot be running now
-    return (pid, host) if _alive(pid) else None
+    return (pid, host) if pid_alive(pid) else None
 
 
 def _in_use(output_dir: Path, owner: tuple[int, str]) -> str:
@@ -769,16 +770,6 @@ def _in_use(output_dir: Path, owner: tuple[int, str]) -> str:
     who = f"pid {pid}" + ("" if host == socket.gethostname() else f" on {host}")
     return (f"{output_dir} is in use by another run ({who}, see {output_dir / LOCK_FILE}): wait for it to end, "
             "or pass another --output-dir")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
 
 
 def on_main(accelerator, action: Callable[[], T]) -> Optional[T]:
@@ -907,42 +898,39 @@ def _diverged(what: str, cfg: FinetuneConfig) -> DivergedError:
                          f"e.g. {cfg.lr / 10:g} (with --overwrite to reuse the output dir)")
 
 
-def _say_forward_estimate(model, eval_loader, steps: int, grad_accum: int, evaluations: int, accelerator) -> bool:
-    """Before anything long: the run's time from one measured forward pass of an eval batch (a
-    training step counted as three forwards: forward, and a backward about twice as long),
-    with the hint when that is far beyond what a user likely wants (returns whether it gave it).
-    The step clock refines the estimate."""
-    batch = next(iter(eval_loader), None)
-    if batch is None:
-        return False
-    model.eval()  # every process runs it: a DDP forward may sync buffers; the main one prints
-    with torch.no_grad():
-        start = time.perf_counter()
-        model(batch[0])
-        _synchronize(accelerator.device)
-        forward = time.perf_counter() - start
-    seconds = forward * (3 * steps * grad_accum + len(eval_loader) * evaluations)
-    clock = _StepClock(steps, 0, accelerator, _NoBar())
-    return clock._say(seconds, 3 * forward, 0, how=f"from one forward pass of {len(batch[0])} images, "
-                      f"{evaluations} evaluation(s) counted")
-
-
-class _NoBar:
-    disable = True
-
-
 class _StepClock:
     """Times the first optimizer steps and prints, once, how long the run will take: the second
     step is the measure (the first one warms up kernels and allocators), the first one if it is all."""
 
-    def __init__(self, total_steps: int, start_step: int, accelerator, progress, hinted: bool = False):
-        self.hinted = hinted  # the hint is given once per run
+    def __init__(self, total_steps: int, start_step: int, accelerator):
+        self.hinted = False  # the hint is given once per run
         self.total = total_steps
         self.start_step = start_step
         self.accelerator = accelerator
-        self.progress = progress
+        self.progress = None
         self.started = time.perf_counter()
         self.first_done: Optional[float] = None
+
+    def start(self, progress) -> None:
+        """The loop starts now; estimates print through ``progress`` from here."""
+        self.progress = progress
+        self.started = time.perf_counter()
+
+    def estimate_from_forward(self, model, eval_loader, grad_accum: int, evaluations: int) -> None:
+        """Before anything long: the run's time from one measured forward pass of an eval batch (a
+        training step counted as three forwards: forward, and a backward about twice as long)."""
+        batch = next(iter(eval_loader), None)
+        if batch is None:
+            return
+        model.eval()  # every process runs it: a DDP forward may sync buffers; the main one prints
+        with torch.no_grad():
+            start = time.perf_counter()
+            model(batch[0])
+            _synchronize(self.accelerator.device)
+            forward = time.perf_counter() - start
+        steps = self.total - self.start_step
+        self._say(forward * (3 * steps * grad_accum + len(eval_loader) * evaluations), 3 * forward, 0,
+                  how=f"from one forward pass of {len(batch[0])} images, {evaluations} evaluation(s) counted")
 
     def step_done(self, step: int) -> None:
         done = step - self.start_step
@@ -959,10 +947,10 @@ class _StepClock:
             remaining = self.total - step
             self._say(now - self.started + remaining * per_step, per_step, 2)
 
-    def _say(self, seconds: float, per_step: float, measured_on: int, how: Optional[str] = None) -> bool:
-        """Print the estimate (main process); True if it came with the hint."""
+    def _say(self, seconds: float, per_step: float, measured_on: int, how: Optional[str] = None) -> None:
+        """Print the estimate (main process), with the hint the first time it is long."""
         if not self.accelerator.is_main_process:
-            return False
+            return
         steps = self.total - self.start_step
         how = how or f"measured on step {self.start_step + measured_on}; evaluations not counted"
         lines = [f"time: estimated {_duration(seconds)} for {steps:,} step{'s' if steps != 1 else ''} ({per_step:.3g} s "
@@ -973,9 +961,8 @@ class _StepClock:
             lines.append("hint: that is long" + (" for a CPU" if on_cpu else "") + ": a smaller --res, --max-train N "
                          "or --steps N" + (", or a GPU," if on_cpu else "") + " make it shorter")
         for line in lines:
-            self.progress.write(line) if not self.progress.disable else print(line, flush=True)
+            self.progress.write(line) if self.progress is not None and not self.progress.disable else print(line, flush=True)
         self.hinted = self.hinted or hint
-        return hint
 
 
 def _synchronize(device: torch.device) -> None:
@@ -1031,9 +1018,9 @@ def _data_loaders(cfg: FinetuneConfig, task, data_cfg: dict, accelerator) -> tup
     if not task.streaming:
         train = SeededAugmentation(train, cfg.seed)
     evaluation = with_transform(task.eval, build_transforms(data_cfg, train=False))
-    workers = cfg.workers if cfg.workers is not None else default_workers(accelerator.num_processes)  # finetune sets it
     # not persistent: workers would keep the dataset copy of epoch 0, and with it epoch 0's augmentation seeds
-    common = dict(collate_fn=collate_skipping_failures, **loader_kwargs(workers, accelerator.device, persistent=False))
+    common = dict(collate_fn=collate_skipping_failures,
+                  **loader_kwargs(cfg.workers, accelerator.device, persistent=False))
     if cfg.repeated_aug > 1 and not task.streaming:
         order = dict(sampler=RepeatedAugmentationSampler(train, cfg.repeated_aug, cfg.seed))
     else:

@@ -358,7 +358,7 @@ class AdapterStore:
         now = time.time()
         for entry in self.root.iterdir():
             match = _HIDDEN_ENTRY.fullmatch(entry.name)
-            if match is None or _alive(int(match.group(1))):
+            if match is None or pid_alive(int(match.group(1))):
                 continue
             if now - _last_change(entry) < older_than_s:
                 continue
@@ -436,7 +436,8 @@ def _folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (someone else's counts: it cannot be signalled)."""
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):

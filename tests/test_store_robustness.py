@@ -24,13 +24,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnft import adapters as adapters_module
-from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, BaseSnapshot, load_adapter, save_adapter
+from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, load_adapter, save_adapter
 from attnft.cli import main
 from attnft.errors import AdapterError, BaseMismatchError, StoreError
 from attnft.merge import export_adapter
-from attnft.policy import apply_policy
 from attnft.store import STALE_AFTER_S, AdapterStore
-from tiny_models import tiny_input, tiny_model
+from test_store import trained as train_tiny
+from tiny_models import tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 DEAD_PID = 999_999_999  # above any kernel's pid_max: never a live process
@@ -40,15 +40,7 @@ DEAD_PID = 999_999_999  # above any kernel's pid_max: never a live process
 def trained():
     """A tiny ViT fine-tuned one step under ``attn`` with 3 classes: (model, report, snapshot, base_state)."""
     torch.manual_seed(0)
-    model = tiny_model("vit")
-    base_state = {k: v.clone() for k, v in model.state_dict().items()}
-    model.reset_classifier(3)
-    report = apply_policy(model, "attn")
-    snapshot = BaseSnapshot.capture(model, report)
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    model(tiny_input(model)).pow(2).mean().backward()
-    optimizer.step()
-    return model.eval(), report, snapshot, base_state
+    return train_tiny(3)
 
 
 @pytest.fixture
