@@ -24,8 +24,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-DISTILLATION_TYPES = ("none", "hard", "soft")
-
 
 def distillation_term(student_logits: torch.Tensor, teacher_logits: torch.Tensor, kind: str,
                       tau: float) -> torch.Tensor:
@@ -150,7 +148,7 @@ def build_teacher(cfg, num_classes: int, student_data_config: dict) -> Teacher:
     if classes != num_classes:
         raise ConfigError(f"the teacher {model_name} predicts {classes} classes, the task has {num_classes}: "
                           f"a teacher must be fine-tuned on the same classes (--teacher-adapter)")
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     convert = TeacherInput(
         size=tuple(int(v) for v in teacher_data["input_size"][-2:]),
         student_mean=tuple(student_data_config["mean"]), student_std=tuple(student_data_config["std"]),
