@@ -1,36 +1,34 @@
 """What a fine-tuning or evaluation run does, as typed data: defaults < recipe < command line.
 
-:class:`FinetuneConfig` and :class:`EvalConfig` are plain dataclasses. This module is the one
-place that parses: :func:`add_config_arguments` turns their fields into command-line flags
-(``batch_size`` -> ``--batch-size``), :func:`load_recipe` reads a YAML recipe (flat keys, the
-field names), and :func:`config_from_args` layers the two over the defaults, coerces types
-(YAML reads ``1e-5`` as a string) and validates. Every other module receives typed values.
+:class:`FinetuneConfig` and :class:`EvalConfig` are plain dataclasses whose fields become
+command-line flags and recipe keys (:mod:`attnft.parsing` parses, re-exported here); every
+field is coerced to its type and validated when the dataclass is built, so every other module
+receives typed values.
 
-Kept free of torch / timm imports so that building the CLI stays fast; the augmentation
-fields mirror :class:`attnft.data.transforms.AugConfig` (a test keeps them in step) and
-:meth:`FinetuneConfig.aug_config` builds it.
+Kept free of torch / timm imports so that building the CLI stays fast. The augmentation flags
+are generated from :class:`attnft.augmentation.AugConfig`'s fields (one each, None: the level's
+value), and :meth:`FinetuneConfig.aug_config` builds an AugConfig from them.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import difflib
 import math
-import os
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .augmentation import AUG_CHOICES, AUG_FIELDS, AugConfig, auto_aug_level, resolve_aug
 from .errors import ConfigError
+from .parsing import (  # noqa: F401  re-exported: the config's parsing, one import away
+    TASK_DEFAULT, add_config_arguments, coerce_fields, config_from_args, from_dict, load_recipe, parse_bool,
+)
 
 # registered in timm by `import attnft.bundled`; a string here so the CLI need not import timm
-DEFAULT_MODEL = "vit_fmnist_patch4_28"
+DEFAULT_MODEL = "vit_fmnist_patch32_224"
 OPTIMIZERS = ("adamw", "sgd")  # timm names: "sgd" is SGD with Nesterov momentum
 PRECISIONS = ("no", "bf16", "fp16")
 # With no dataset a run is the quick demo: the bundled ViT on a subset of Fashion-MNIST (the
-# bundled sample's size). These apply where neither the recipe nor the command line sets the field.
+# bundled sample's size). These apply where neither the recipe nor the command line sets the field
+# (FinetuneConfig() and FinetuneConfig.from_dict({}) alike).
 DEFAULT_TASK_SETTINGS = {"max_train": 5000, "max_eval": 1000}
 DEFAULT_DATASET_MAX_EVAL = DEFAULT_TASK_SETTINGS["max_eval"]  # attnft eval scores the same subset
 TRACKERS = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive")
@@ -62,8 +60,50 @@ MODEL, DATA, AUG, OPTIM, RUN, STORE = "model", "data", "augmentation", "optimisa
 DISTILL = "distillation"
 DISTILLATION_TYPES = ("none", "hard", "soft")
 
+# The flag of each field of AugConfig that FinetuneConfig does not declare itself: its help (and
+# metavar, choices). A new AugConfig field needs its line here; eval_crop_pct is the crop_pct flag.
+_AUG_FLAGS = {
+    "auto_augment": dict(help="timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1 (RandAugment)", metavar="POLICY"),
+    "reprob": dict(help="random erasing probability"),
+    "remode": dict(help="random erasing fill: const, rand or pixel", metavar="MODE"),
+    "recount": dict(help="random erasing count"),
+    "color_jitter": dict(help="colour jitter factor (ignored under auto-augment)"),
+    "hflip": dict(help="horizontal flip probability"),
+    "vflip": dict(help="vertical flip probability"),
+    "scale": dict(help="random-resized-crop area range"),
+    "ratio": dict(help="random-resized-crop aspect range"),
+    "train_interpolation": dict(help=f"training resize interpolation: {', '.join(INTERPOLATIONS)} (default: the "
+                                "model's)", metavar="MODE"),
+    "mixup": dict(help="mixup alpha (0: off)"),
+    "cutmix": dict(help="cutmix alpha (0: off)"),
+    "mixup_prob": dict(help="probability of mixing a batch"),
+    "mixup_switch_prob": dict(help="probability of cutmix rather than mixup when both are on"),
+    "mixup_mode": dict(help="mixup per batch, pair or elem", choices=("batch", "pair", "elem")),
+}
+_NOT_AUG_FLAGS = {"eval_crop_pct"}
+
+
+def _with_aug_flags(cls: type) -> type:
+    """Before ``@dataclass``: one field per AugConfig field that ``cls`` does not declare, typed
+    Optional and None (the level's value) unless given, placed right after ``aug``."""
+    declared = cls.__dict__.get("__annotations__", {})
+    added = {}
+    for f in dataclasses.fields(AugConfig):
+        if f.name in declared or f.name in _NOT_AUG_FLAGS:
+            continue
+        added[f.name] = f"Optional[{f.type}]" if isinstance(f.type, str) else Optional[f.type]
+        setattr(cls, f.name, _opt(None, group=AUG, **_AUG_FLAGS[f.name]))
+    annotations = {}
+    for name, hint in declared.items():
+        annotations[name] = hint
+        if name == "aug":
+            annotations.update(added)
+    cls.__annotations__ = annotations
+    return cls
+
 
 @dataclass
+@_with_aug_flags
 class FinetuneConfig:
     """One fine-tuning run. ``batch_size`` is per process: the global batch is
     ``batch_size * processes * grad_accum``. Built through :meth:`from_dict` or the command
@@ -97,8 +137,11 @@ class FinetuneConfig:
     eval_split: Optional[str] = _opt(None, "evaluation split", metavar="SPLIT", group=DATA)
     streaming: Optional[bool] = _opt(None, "stream the training split instead of preparing it (needs --steps)",
                                      group=DATA)
-    max_train: Optional[int] = _opt(None, "use a seeded random subset of this many training images", group=DATA)
-    max_eval: Optional[int] = _opt(None, "use a seeded random subset of this many evaluation images", group=DATA)
+    # TASK_DEFAULT: the demo's value without a dataset, else None (all); an explicit None means all
+    max_train: Optional[int] = _opt(TASK_DEFAULT, "use a seeded random subset of this many training images",
+                                    group=DATA)
+    max_eval: Optional[int] = _opt(TASK_DEFAULT, "use a seeded random subset of this many evaluation images",
+                                   group=DATA)
     val_fraction: float = _opt(0.1, "share of the training images held out for evaluation (seeded, stratified) "
                                "when the data has no evaluation split, e.g. a folder of class folders",
                                group=DATA)
@@ -108,26 +151,7 @@ class FinetuneConfig:
     aug: str = _opt("auto", "augmentation level: none, light (crops), medium (+RandAugment), heavy (DeiT's recipe), "
                     "or auto: chosen from the passes over the training images (none below 30 epochs, light "
                     "below 100, medium below 300); the flags below override single settings", choices=AUG_CHOICES, group=AUG)
-    auto_augment: Optional[str] = _opt(None, "timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1 (RandAugment)",
-                                       metavar="POLICY", group=AUG)
-    reprob: Optional[float] = _opt(None, "random erasing probability", group=AUG)
-    remode: Optional[str] = _opt(None, "random erasing fill: const, rand or pixel", metavar="MODE", group=AUG)
-    recount: Optional[int] = _opt(None, "random erasing count", group=AUG)
-    color_jitter: Optional[float] = _opt(None, "colour jitter factor (ignored under auto-augment)", group=AUG)
-    hflip: Optional[float] = _opt(None, "horizontal flip probability", group=AUG)
-    vflip: Optional[float] = _opt(None, "vertical flip probability", group=AUG)
-    scale: Optional[tuple[float, float]] = _opt(None, "random-resized-crop area range", group=AUG)
-    ratio: Optional[tuple[float, float]] = _opt(None, "random-resized-crop aspect range", group=AUG)
-    train_interpolation: Optional[str] = _opt(None, "training resize interpolation: "
-                                              f"{', '.join(INTERPOLATIONS)} (default: the model's)",
-                                              metavar="MODE", group=AUG)
-    mixup: Optional[float] = _opt(None, "mixup alpha (0: off)", group=AUG)
-    cutmix: Optional[float] = _opt(None, "cutmix alpha (0: off)", group=AUG)
-    mixup_prob: Optional[float] = _opt(None, "probability of mixing a batch", group=AUG)
-    mixup_switch_prob: Optional[float] = _opt(None, "probability of cutmix rather than mixup when both are on",
-                                              group=AUG)
-    mixup_mode: Optional[str] = _opt(None, "mixup per batch, pair or elem", choices=("batch", "pair", "elem"),
-                                     group=AUG)
+    # (here @_with_aug_flags puts one flag per field of AugConfig: auto_augment, reprob, ..., mixup_mode)
     repeated_aug: int = _opt(1, "show each image of an epoch this many times, differently augmented (DeiT's "
                              "repeated augmentation: 3); an epoch keeps its length, so it holds 1/N of the images",
                              group=AUG)
@@ -190,7 +214,11 @@ class FinetuneConfig:
                            group=STORE)
 
     def __post_init__(self) -> None:
-        _coerce_fields(self)  # also refuses NaN and inf in every float field
+        demo = self.dataset is None and self.data_dir is None
+        for name, value in DEFAULT_TASK_SETTINGS.items():
+            if getattr(self, name) is TASK_DEFAULT:
+                setattr(self, name, value if demo else None)
+        coerce_fields(self)  # also refuses NaN and inf in every float field
         _require(self.batch_size >= 1, "batch_size must be at least 1")
         _require(self.grad_accum >= 1, "grad_accum must be at least 1")
         _require(self.epochs >= 1, "epochs must be at least 1")
@@ -266,7 +294,7 @@ class FinetuneConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "FinetuneConfig":
-        return _from_dict(cls, values, source)
+        return from_dict(cls, values, source)
 
 
 # Fields that do not change the trained weights (augmentation is seeded per sample, so not even
@@ -312,7 +340,7 @@ class EvalConfig:
     progress: Optional[bool] = _opt(None, "show a progress bar (default: when stderr is a terminal)", group=RUN)
 
     def __post_init__(self) -> None:
-        _coerce_fields(self)  # also refuses NaN and inf in every float field
+        coerce_fields(self)  # also refuses NaN and inf in every float field
         _require(self.batch_size >= 1, "batch_size must be at least 1")
         _require(self.res is None or self.res >= 1, "res must be a positive number of pixels")
         _require(self.crop_pct is None or MIN_CROP_PCT <= self.crop_pct <= 1,
@@ -330,160 +358,7 @@ class EvalConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "EvalConfig":
-        return _from_dict(cls, values, source)
-
-
-# --- parsing ------------------------------------------------------------------------------------
-
-
-def add_config_arguments(parser: argparse.ArgumentParser, config_cls: type, recipe: bool = True) -> None:
-    """One flag per field of ``config_cls`` (``--field-name``), grouped, plus ``--recipe FILE``.
-
-    Flags default to "not given" so that :func:`config_from_args` can tell an explicit value
-    from a default and let it override the recipe.
-    """
-    if recipe:
-        parser.add_argument("--recipe", metavar="FILE", help="YAML file of field: value (flags override it)")
-    hints = typing.get_type_hints(config_cls)
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for f in dataclasses.fields(config_cls):
-        name = f.metadata.get("group") or "options"
-        if name not in groups:
-            groups[name] = parser.add_argument_group(name)
-        kind, optional = _base_type(hints[f.name])
-        flag = "--" + f.name.replace("_", "-")
-        default_text = _default_text(f)
-        help_text = f.metadata.get("help", "") + (f" (default: {default_text})" if default_text else "")
-        common = dict(dest=f.name, default=argparse.SUPPRESS, help=help_text)
-        if kind is bool:
-            groups[name].add_argument(flag, action=argparse.BooleanOptionalAction, **common)
-        elif kind is tuple:
-            groups[name].add_argument(flag, nargs=2, type=float, metavar=("LOW", "HIGH"), **common)
-        else:
-            metavar = f.metadata.get("metavar") or ("N" if kind is int else "X" if kind is float else None)
-            groups[name].add_argument(flag, type=kind, choices=f.metadata.get("choices"), metavar=metavar, **common)
-
-
-def config_from_args(config_cls: type, args: argparse.Namespace):
-    """``config_cls`` from its defaults, then ``args.recipe`` (if any), then the flags given."""
-    values: dict[str, Any] = {}
-    source = "command line"
-    recipe = getattr(args, "recipe", None)
-    if recipe:
-        values.update(load_recipe(recipe, config_cls))
-        source = f"recipe {recipe} or the command line"
-    names = {f.name for f in dataclasses.fields(config_cls)}
-    values.update({k: v for k, v in vars(args).items() if k in names})
-    return _from_dict(config_cls, values, source)
-
-
-def load_recipe(path: str, config_cls: type = FinetuneConfig) -> dict[str, Any]:
-    """The key: value pairs of a YAML recipe, checked against the fields of ``config_cls``."""
-    import yaml
-
-    if not os.path.isfile(path):
-        raise ConfigError(f"recipe {path} not found")
-    try:
-        with open(path, encoding="utf-8") as f:
-            values = yaml.safe_load(f)
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"recipe {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): "
-                          "save it as UTF-8") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"recipe {path} is not valid YAML: {' '.join(str(e).split())}") from None
-    except OSError as e:
-        raise ConfigError(f"recipe {path} cannot be read: {e.strerror or e}") from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
-        raise ConfigError(f"recipe {path} must be a mapping of field: value, found {type(values).__name__}")
-    _check_keys(config_cls, values, f"recipe {path}")
-    return values
-
-
-def _from_dict(config_cls: type, values: dict[str, Any], source: str):
-    _check_keys(config_cls, values, source)
-    if config_cls is FinetuneConfig and values.get("dataset") is None and values.get("data_dir") is None:
-        values = {**DEFAULT_TASK_SETTINGS, **values}
-    try:
-        return config_cls(**values)
-    except ConfigError as e:
-        raise ConfigError(f"{e} (in {source})") from None
-
-
-def _check_keys(config_cls: type, values: dict[str, Any], source: str) -> None:
-    names = [f.name for f in dataclasses.fields(config_cls)]
-    for key in values:
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown key {key!r} in {source}{hint}")
-
-
-def _base_type(hint) -> tuple[type, bool]:
-    """(int, True) for Optional[int]; tuple for tuple[float, float]."""
-    optional = False
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        optional, hint = True, args[0]
-    origin = typing.get_origin(hint)
-    return (origin if origin is not None else hint), optional
-
-
-def _default_text(f: dataclasses.Field) -> str:
-    if f.default is dataclasses.MISSING or f.default is None or isinstance(f.default, bool):
-        return ""
-    if isinstance(f.default, tuple):
-        return " ".join(f"{v:g}" for v in f.default)
-    return str(f.default)
-
-
-def _coerce_fields(config) -> None:
-    """Give every field its declared type: YAML reads ``1e-5`` as a string and ``1`` where a float is meant."""
-    hints = typing.get_type_hints(type(config))
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        kind, optional = _base_type(hints[f.name])
-        if value is None:
-            if not optional:
-                raise ConfigError(f"{f.name} must not be empty")
-            continue
-        value = _coerce(f.name, value, kind)
-        if kind in (float, tuple) and not all(math.isfinite(v) for v in (value if kind is tuple else (value,))):
-            raise ConfigError(f"{f.name} must be a finite number, got {value if kind is float else list(value)}")
-        setattr(config, f.name, value)
-
-
-def _coerce(name: str, value: Any, kind: type) -> Any:
-    try:
-        if kind is bool:
-            if isinstance(value, str) and value.lower() in ("true", "yes", "1", "false", "no", "0"):
-                return value.lower() in ("true", "yes", "1")
-            if not isinstance(value, bool):
-                raise ValueError
-            return value
-        if kind is tuple:
-            if not isinstance(value, (list, tuple)) or len(value) != 2:
-                raise ValueError
-            return tuple(float(v) for v in value)
-        if kind is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        if kind is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if kind is str:
-            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-                raise ValueError
-            return str(value)
-    except (TypeError, ValueError):
-        pass
-    else:
-        return value
-    expected = {tuple: "two numbers", bool: "true or false"}.get(kind, kind.__name__)
-    raise ConfigError(f"{name} must be {expected}, got {value!r}")
+        return from_dict(cls, values, source)
 
 
 def _check_distillation(cfg: FinetuneConfig) -> None:

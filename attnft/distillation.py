@@ -120,29 +120,20 @@ class Teacher:
 def build_teacher(cfg, num_classes: int, student_data_config: dict) -> Teacher:
     """The teacher ``cfg`` names (``teacher``, ``teacher_checkpoint``, ``teacher_adapter``), at its own
     resolution and normalisation, checked to predict the task's ``num_classes``."""
-    import os
-
     from .errors import ConfigError
+    from .formats import find_adapter
     from .models import create_model, data_config
-    from .store import AdapterStore
 
-    adapter_config, store, name = None, None, cfg.teacher_adapter
-    if name is not None:
-        if os.path.isdir(name):  # an adapter folder: its parent serves as the store
-            store, name = AdapterStore(os.path.dirname(os.path.abspath(name))), os.path.basename(os.path.abspath(name))
-        else:
-            store = AdapterStore(cfg.store)
-        adapter_config = store.config(name)
+    found = find_adapter(cfg.teacher_adapter, cfg.store) if cfg.teacher_adapter is not None else None
+    adapter_config = found.config if found is not None else None
     model_name = cfg.teacher or (adapter_config.model_name if adapter_config else None)
     if model_name is None:
         raise ConfigError("--teacher-checkpoint needs --teacher MODEL (the architecture of the weights)")
-    res = adapter_config.input_size if adapter_config else None
-    model = create_model(model_name, checkpoint=cfg.teacher_checkpoint, img_size=res)
-    if adapter_config is not None:
-        loaded = store.load(name, model)
-        model = loaded if isinstance(loaded, nn.Module) else model  # peft's format returns the wrapped model
+    if found is not None:
+        model = found.model(cfg.teacher, cfg.teacher_checkpoint)  # at the adapter's resolution
         teacher_data = dict(adapter_config.data_config)
     else:
+        model = create_model(model_name, checkpoint=cfg.teacher_checkpoint)
         teacher_data = data_config(model)
     classes = getattr(model, "num_classes", None) or adapter_config.num_classes
     if classes != num_classes:
@@ -155,6 +146,6 @@ def build_teacher(cfg, num_classes: int, student_data_config: dict) -> Teacher:
         teacher_mean=tuple(teacher_data["mean"]), teacher_std=tuple(teacher_data["std"]),
         interpolation=teacher_data.get("interpolation", "bicubic"),
     )
-    described = model_name + (f" + adapter {name}" if name else "") + f" at {convert.size[-1]} px"
+    described = model_name + (f" + adapter {found.path.name}" if found is not None else "") + f" at {convert.size[-1]} px"
     return Teacher(model.eval().requires_grad_(False), convert, described, sum(p.numel() for p in params),
                    sum(p.numel() * p.element_size() for p in params))

@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .errors import ConfigError
-from .roles import Role, RoleMap, build_role_map, is_ffn_module, is_norm_module
+from .roles import Role, RoleMap, build_role_map
 
 
 class _CheckpointedForward:
@@ -87,15 +87,19 @@ def ffn_modules(model: nn.Module, role_map: Optional[RoleMap] = None) -> list[st
     module, so they contribute none.
     """
     role_map = role_map or build_role_map(model)
+    return _modules_wholly(model, role_map, Role.FFN, role_map.outermost_modules(Role.FFN))
+
+
+def _modules_wholly(model: nn.Module, role_map: RoleMap, role: Role, candidates: list[str]) -> list[str]:
+    """The ``candidates`` that hold parameters, all of them wholly of ``role`` (none split)."""
+    modules = dict(model.named_modules())
     name_of = {id(p): n for n, p in model.named_parameters()}  # shared tensors: the role map's name
-    names: list[str] = []
-    for mod_name, module in model.named_modules():
-        if not mod_name or any(mod_name.startswith(outer + ".") for outer in names):
-            continue
-        if not is_ffn_module(module):
-            continue
-        params = [name_of[id(p)] for p in module.parameters()]
-        if params and all(not role_map.is_split(p) and role_map.of(p)[0].role == Role.FFN for p in params):
+    names = []
+    for mod_name in candidates:
+        if mod_name not in modules:
+            continue  # a module shared under two names: named_modules() lists it once
+        params = [name_of[id(p)] for p in modules[mod_name].parameters()]
+        if params and all(not role_map.is_split(p) and role_map.of(p)[0].role == role for p in params):
             names.append(mod_name)
     return names
 
@@ -155,15 +159,9 @@ def norm_modules(model: nn.Module, role_map: Optional[RoleMap] = None) -> list[s
     inside an FFN or an attention module, and head norms (``fc_norm``), have those roles.
     """
     role_map = role_map or build_role_map(model)
-    name_of = {id(p): n for n, p in model.named_parameters()}
-    names = []
-    for mod_name, module in model.named_modules():
-        if not mod_name or not is_norm_module(module) or any(True for _ in module.buffers()):
-            continue
-        params = [name_of[id(p)] for p in module.parameters()]
-        if params and all(not role_map.is_split(p) and role_map.of(p)[0].role == Role.NORM for p in params):
-            names.append(mod_name)
-    return names
+    modules = dict(model.named_modules())
+    candidates = [n for n in role_map.outermost_modules(Role.NORM) if n in modules and not any(True for _ in modules[n].buffers())]
+    return _modules_wholly(model, role_map, Role.NORM, candidates)
 
 
 def _recompute_norm_outputs(model: nn.Module, role_map: Optional[RoleMap]) -> int:
@@ -325,25 +323,8 @@ class _RecomputingNormsForward:
 
 
 def block_modules(model: nn.Module, role_map: Optional[RoleMap] = None) -> list[str]:
-    """Names of the transformer blocks of ``model`` in forward order (role-map block indices).
-
-    A block's module is the deepest module holding all parameters of that block index.
-    """
-    role_map = role_map or build_role_map(model)
-    params_of: dict[int, list[list[str]]] = {}
-    for entry in role_map:
-        if entry.block is not None:
-            params_of.setdefault(entry.block, []).append(entry.name.split("."))
-    names = []
-    for block in range(role_map.num_blocks):
-        paths = params_of[block]
-        common = []
-        for parts in zip(*(path[:-1] for path in paths)):  # module path, not the parameter name
-            if any(part != parts[0] for part in parts):
-                break
-            common.append(parts[0])
-        names.append(".".join(common))
-    return names
+    """Names of the transformer blocks of ``model`` in forward order (role-map block indices)."""
+    return (role_map or build_role_map(model)).block_paths()
 
 
 def checkpoint_blocks(model: nn.Module, role_map: Optional[RoleMap] = None) -> int:

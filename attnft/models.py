@@ -3,7 +3,9 @@
 Names are whatever timm takes: a registry name with an optional pretrained tag
 (``vit_small_patch16_224.augreg_in1k``), ``hf-hub:org/repo`` or ``local-dir:/path`` (a folder
 with timm's ``config.json`` and ``model.safetensors``). Weights come from timm (the hub, or
-the local Hugging Face cache when offline) or from a checkpoint file.
+the local Hugging Face cache when offline) or from a checkpoint file. transformers' image
+classifiers (``transformers:ORG/REPO``, or a folder ``save_pretrained`` wrote) are built by
+:mod:`attnft.hf_models`, with the same arguments and errors.
 
 At the weights' own resolution timm builds and loads in one call. At another resolution the
 model is built at the new size and the weights' position tensors are resampled: first by
@@ -14,7 +16,6 @@ for another number of classes.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import functools
 import json
@@ -24,20 +25,22 @@ import sys
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional
-from urllib.error import URLError
+from typing import Any, Callable, Mapping, Optional
 
 import safetensors.torch
 import timm
 import torch
-from huggingface_hub.errors import EntryNotFoundError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
+from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from timm.data import resolve_model_data_config
 from timm.models import clean_state_dict, get_model_input_config, model_entrypoint, parse_model_name
 from torch import nn
 
-from .errors import AdapterError, ConfigError, OfflineError, UnknownModelError
+from .errors import AdapterError, ConfigError, UnknownModelError
+from .hub import hub_errors
+from .hf_models import is_transformers_name, is_transformers_model
 from .resolution import check_img_size, check_img_size_value, check_token_count, resample_state_dict
+from .roles import is_peft_tensor
 
 __all__ = ["create_model", "read_state_dict", "data_config", "model_img_size", "patch_grid", "base_label_names",
            "head_fits", "checkpoint_bytes"]
@@ -66,11 +69,17 @@ def create_model(
     number gets a new classifier. ``kwargs`` go to the timm model (e.g. ``embed_dim``).
     Raises UnknownModelError, ConfigError, AdapterError or OfflineError with a one-line reason.
     """
+    if is_transformers_name(name):
+        from .hf_models import create_model as create_transformers_model
+
+        return create_transformers_model(name, pretrained=pretrained, checkpoint=checkpoint, num_classes=num_classes,
+                                         img_size=img_size, drop_path_rate=drop_path_rate, **kwargs)
     _check_name(name)
     if img_size is not None:
         check_img_size_value(img_size)  # before any hub access
     build_args = dict(kwargs, num_classes=num_classes, drop_path_rate=drop_path_rate)
-    with _hub_errors(name):
+    with hub_errors(name, hint="; pass a timm model name with --checkpoint FILE, or local-dir:PATH, instead",
+                    missing=UnknownModelError):
         native = _skeleton(name, **build_args)
         size_args = {}
         if img_size is not None and get_model_input_config(native)["fixed_input_size"]:
@@ -187,7 +196,7 @@ def checkpoint_bytes(model: nn.Module) -> int:
     base = peft_model() if callable(peft_model) else model
     seen, total = set(), 0
     for key, tensor in base.state_dict().items():
-        if _is_peft_tensor(key):
+        if is_peft_tensor(key):
             continue
         ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.numel())
         if ident not in seen:
@@ -196,22 +205,26 @@ def checkpoint_bytes(model: nn.Module) -> int:
     return total
 
 
-# peft's additions to a module's state dict: its method's tensors, and for a module it trains
-# whole (the head) the trained copy; ``original_module`` is the base's own copy and counts
-_PEFT_TENSOR = re.compile(r"(^|\.)(lora_[A-Za-z_]+|ia3_l|modules_to_save|lora_magnitude_vector)(\.|$)")
-
-
-def _is_peft_tensor(key: str) -> bool:
-    return _PEFT_TENSOR.search(key) is not None
-
-
 def model_img_size(model: nn.Module) -> tuple[int, int]:
-    """The (H, W) input size in pixels the model was built for."""
-    return tuple(get_model_input_config(model)["input_size"][1:])
+    """The (H, W) input size in pixels the model is built for now, after any ``set_input_size``.
+
+    timm's answer (transformers models carry the same config); for a module without one, its
+    patch embedding's size, else its pretrained config's, else 224.
+    """
+    try:
+        return tuple(int(s) for s in get_model_input_config(model)["input_size"][1:])
+    except (AttributeError, KeyError):
+        img_size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+        if img_size is not None:
+            return tuple(int(s) for s in img_size) if isinstance(img_size, (tuple, list)) else (int(img_size),) * 2
+        return tuple(int(s) for s in getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224))[1:])
 
 
 def patch_grid(model: nn.Module) -> Optional[tuple[int, int]]:
     """The (H, W) token grid of the patch embedding, or None for models without one."""
+    if is_transformers_model(model):
+        side = model.img_size // int(getattr(model.config, "patch_size", 1))
+        return side, side
     grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
     return tuple(int(g) for g in grid) if grid is not None else None
 
@@ -254,26 +267,6 @@ def _check_name(name: str) -> None:
     if tag and f"{arch}.{tag}" not in timm.models.get_arch_pretrained_cfgs(arch):
         tags = sorted(timm.models.get_arch_pretrained_cfgs(arch))
         raise UnknownModelError(f"unknown pretrained tag {tag!r} for {arch}; known: {', '.join(tags)}")
-
-
-@contextlib.contextmanager
-def _hub_errors(name: str) -> Iterator[None]:
-    """Hub and download failures as one-line user errors."""
-    try:
-        yield
-    except LocalEntryNotFoundError as e:  # subclass of EntryNotFoundError: catch it first
-        raise OfflineError(
-            f"{name}: not in the local Hugging Face cache and the hub cannot be reached (HF_HUB_OFFLINE=1 "
-            "or no network); pass a timm model name with --checkpoint FILE, or local-dir:PATH, instead"
-        ) from e
-    except (RepositoryNotFoundError, EntryNotFoundError) as e:
-        raise UnknownModelError(f"{name}: no such timm model on the hub ({type(e).__name__})") from e
-    except HFValidationError as e:
-        raise UnknownModelError(f"{name}: not a valid hub repo id ({str(e).split('.')[0]})") from e
-    except URLError as e:
-        raise OfflineError(
-            f"{name}: downloading its weights failed ({e.reason}); pass --checkpoint FILE or local-dir:PATH instead"
-        ) from e
 
 
 def _skeleton(name: str, **build_args: Any) -> nn.Module:

@@ -134,7 +134,10 @@ def base_build(model_name: str, model_args: dict, num_classes: int, input_size: 
     from timm.models import get_pretrained_cfg, parse_model_name, split_model_name_tag
 
     recorded = {k: v for k, v in model_args.items() if k not in ("num_classes", "img_size")}
-    source, model_id = parse_model_name(model_name)
+    try:
+        source, model_id = parse_model_name(model_name)
+    except ValueError as e:  # a source prefix timm does not know
+        raise AdapterError(f"timm cannot read the model name {model_name!r} ({e})") from None
     # hf-hub: and local-dir: names are plain timm's too: their config.json holds the architecture's arguments
     equivalent = None if source else attnft_equivalent(split_model_name_tag(model_id)[0])
     if equivalent is None:

@@ -16,7 +16,8 @@ are aliases), ``+bias`` / ``-bias`` add or remove every bias whatever its role, 
 limits parameters that live in a block to those block indices (parameters outside blocks are
 not affected).
 
-:func:`apply_policy` sets ``requires_grad`` and, for fused weights split between roles (timm's
+:meth:`Policy.select` names the tensors a policy trains on a role map (training and load-time
+checks share it); :func:`apply_policy` sets ``requires_grad`` and, for fused weights split between roles (timm's
 ``ParallelScalingBlock.in_proj``), keeps the frozen rows bitwise unchanged: their gradient is
 zeroed, and after every optimizer step they are restored, so weight decay cannot move them.
 """
@@ -43,7 +44,7 @@ BASE_POLICIES: dict[str, frozenset[Role]] = {
     "head": frozenset({Role.HEAD}),
 }
 
-_EDIT = re.compile(r"([+-])([A-Za-z_]+)")
+POLICY_EDIT = re.compile(r"([+-])([A-Za-z_]+)")
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,9 @@ class Policy:
         roles = set(BASE_POLICIES[base.group(0)])
         bias = None
         rest = body[base.end():]
-        if _EDIT.sub("", rest):
+        if POLICY_EDIT.sub("", rest):
             raise UnknownPolicyError(f"cannot read policy {spec!r}: edits are +ROLE or -ROLE, e.g. 'attn+norm'")
-        for sign, item in _EDIT.findall(rest):
+        for sign, item in POLICY_EDIT.findall(rest):
             if item == "bias":
                 bias = sign == "+"
                 continue
@@ -86,14 +87,26 @@ class Policy:
     def trains(self, entry: RoleEntry) -> bool:
         if entry.block is not None and self.blocks is not None and entry.block not in self.blocks:
             return False
-        if self.bias is not None and _is_bias(entry.name):
+        if self.bias is not None and entry.is_bias:
             return self.bias
         return entry.role in self.roles
 
-
-def _is_bias(param_name: str) -> bool:
-    # bias, q_bias, v_bias, mlp_bias, qkv_bias
-    return param_name.rsplit(".", 1)[-1].endswith("bias")
+    def select(self, role_map: RoleMap) -> dict[str, Optional[Region]]:
+        """The tensors this policy trains, in model order: name -> None (the whole tensor) or the one
+        region it trains of a fused weight split between roles (timm's ``ParallelScalingBlock``)."""
+        selected = {}
+        for name in role_map.names():
+            entries = role_map.of(name)
+            trained = [e for e in entries if self.trains(e)]
+            if not trained:
+                continue
+            if len(trained) == len(entries):
+                selected[name] = None
+            elif len(trained) == 1:
+                selected[name] = trained[0].region
+            else:  # ParallelScalingBlock has one region per role, and two roles
+                raise NotImplementedError(f"{name}: more than one trained region")
+        return selected
 
 
 def parse_blocks(text: str, spec: str) -> frozenset[int]:
@@ -177,7 +190,7 @@ class CountedByRole:
             if entry.block is not None:
                 blocks.setdefault(entry.role, set()).add(entry.block)
             else:
-                outside.setdefault(entry.role, {})[entry.name.split(".")[0]] = None
+                outside.setdefault(entry.role, {})[self.role_map.top_level(entry.name)] = None
         where = {}
         for role in set(blocks) | set(outside):
             parts = []
@@ -260,21 +273,14 @@ def apply_policy(model: nn.Module, policy: Union[str, Policy] = "attn", role_map
             "(ViT, DeiT, BEiT, EVA, CaiT, Swin, PVTv2, XCiT, MViTv2, Hiera, ...)"
         )
     check_blocks(policy.blocks, role_map.num_blocks, policy.name, role_map.model_name)
-    report = PolicyReport(role_map.model_name, policy, role_map, trainable={})
+    report = PolicyReport(role_map.model_name, policy, role_map, trainable=policy.select(role_map))
     for name, param in model.named_parameters():
-        entries = role_map.of(name)
-        trained = [e for e in entries if policy.trains(e)]
-        param.requires_grad_(bool(trained))
-        if not trained:
+        param.requires_grad_(name in report.trainable)
+        region = report.trainable.get(name)
+        if region is None:
             continue
-        if len(trained) == len(entries):
-            report.trainable[name] = None
-            continue
-        # a fused weight split between roles; ParallelScalingBlock has one region per role
-        if len(trained) != 1:
-            raise NotImplementedError(f"{name}: more than one trained region")
-        report.trainable[name] = trained[0].region
-        frozen = [e.region for e in entries if e not in trained]
+        # a fused weight split between roles: the rest of it stays frozen
+        frozen = [e.region for e in role_map.of(name) if e.region != region]
         report.frozen_regions[name] = frozen
         report._handles.append(param.register_hook(_zero_regions_hook(frozen)))
     if report.frozen_regions:

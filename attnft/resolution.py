@@ -7,11 +7,13 @@ window: absolute position embeddings ``(1, prefix + H*W, C)``, relative-position
 resolution, with timm's own helpers and timm's defaults (bicubic, antialiased; linear for
 MViTv2's tables), so the result matches what timm's checkpoint filters do for the families
 they cover (ViT, DeiT, BEiT, EVA, Swin, MViTv2) and extends it to those they skip (CaiT, Hiera).
+Which tensors are sized by the grid, and their layout, the role map says
+(:meth:`attnft.roles.RoleMap.grid_tensors`, from the family tables); this module only resamples.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,7 @@ from timm.layers import resample_abs_pos_embed, resize_rel_pos_bias_table
 from torch import nn
 
 from .errors import ConfigError
+from .roles import RoleMap, build_role_map, split_last
 
 __all__ = ["resample_state_dict", "required_multiple", "check_img_size", "check_img_size_value", "check_token_count",
            "MAX_TOKENS"]
@@ -29,7 +32,8 @@ __all__ = ["resample_state_dict", "required_multiple", "check_img_size", "check_
 MAX_TOKENS = 512 * 512
 
 
-def resample_state_dict(state_dict: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+def resample_state_dict(state_dict: Mapping[str, torch.Tensor], model: nn.Module,
+                        role_map: Optional[RoleMap] = None) -> dict[str, torch.Tensor]:
     """A copy of ``state_dict`` whose position tensors have the shapes ``model`` needs.
 
     Only tensors whose key is in the model and whose shape differs are touched, and only
@@ -37,23 +41,23 @@ def resample_state_dict(state_dict: Mapping[str, torch.Tensor], model: nn.Module
     (a classifier for other classes, another embedding width) are returned as they are for
     the loader to judge. ``model`` may live on the meta device. Raises ConfigError naming a
     position tensor whose grid or window cannot be adapted (e.g. a non-square source grid).
+    Which tensors are position tensors, and their layout, the role map says (``grid_tensors``).
     """
+    grid = (role_map or build_role_map(model)).grid_tensors()
     targets = model.state_dict(keep_vars=True)
     out = dict(state_dict)
     for key, value in state_dict.items():
         target = targets.get(key)
         if target is None or tuple(value.shape) == tuple(target.shape):
             continue
-        owner_name, _, leaf = key.rpartition(".")
-        entry = _RESAMPLERS.get(leaf)
-        if entry is None:
+        layout = grid.get(key)
+        if layout is None:
             continue
-        kind, resample = entry
-        if not _differs_only_in_positions(kind, value.shape, target.shape):
+        if not _differs_only_in_positions(layout, value.shape, target.shape):
             continue  # another width or head count: not a resolution change
-        owner = model.get_submodule(owner_name) if owner_name else model
+        owner = model.get_submodule(split_last(key)[0])
         try:
-            out[key] = resample(value, tuple(target.shape), owner)
+            out[key] = _RESAMPLERS[layout](value, tuple(target.shape), owner)
         except (ValueError, RuntimeError, AssertionError) as e:
             raise ConfigError(
                 f"cannot resample {key} from {tuple(value.shape)} to {tuple(target.shape)}: {e}"
@@ -61,11 +65,11 @@ def resample_state_dict(state_dict: Mapping[str, torch.Tensor], model: nn.Module
     return out
 
 
-def _differs_only_in_positions(kind: str, have: torch.Size, want: torch.Size) -> bool:
+def _differs_only_in_positions(layout: str, have: torch.Size, want: torch.Size) -> bool:
     """Same layout apart from the position axis: (1, N, C) for embeddings, (N, heads or head_dim) for tables."""
     if len(have) != len(want):
         return False
-    if kind == "embedding":
+    if layout == "abs_pos_embed":
         return len(have) == 3 and have[0] == want[0] and have[2] == want[2]
     return len(have) == 2 and have[1] == want[1]
 
@@ -87,9 +91,17 @@ def _token_grid(owner: nn.Module) -> tuple[int, int]:
     grid = getattr(patch_embed, "grid_size", None)
     if grid is None:
         grid = getattr(owner, "tokens_spatial_shape", None)  # Hiera
+    hf_patches = getattr(owner, "patch_embeddings", None)  # transformers' *Embeddings
+    if grid is None and hasattr(hf_patches, "image_size") and hasattr(hf_patches, "patch_size"):
+        size, patch = (_pair(getattr(hf_patches, a)) for a in ("image_size", "patch_size"))
+        grid = (size[0] // patch[0], size[1] // patch[1])
     if grid is None or len(grid) != 2:
         raise ValueError(f"{type(owner).__name__} does not say its 2-D patch grid")
     return int(grid[0]), int(grid[1])
+
+
+def _pair(value) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else tuple(value)
 
 
 def _resize_rel_pos_bias_table(value: torch.Tensor, shape: tuple[int, ...], owner: nn.Module) -> torch.Tensor:
@@ -97,7 +109,7 @@ def _resize_rel_pos_bias_table(value: torch.Tensor, shape: tuple[int, ...], owne
     window = getattr(owner, "window_size", None)
     if window is None:
         raise ValueError(f"{type(owner).__name__} does not say its window size")
-    window = (window, window) if isinstance(window, int) else tuple(window)
+    window = _pair(window)
     return resize_rel_pos_bias_table(value, new_window_size=window, new_bias_shape=shape)
 
 
@@ -107,20 +119,13 @@ def _resize_decomposed_rel_pos(value: torch.Tensor, shape: tuple[int, ...], owne
     return resized.squeeze(0).t().to(value.dtype)
 
 
-# Relative-position tables whose size follows the input grid (BEiT's window is the whole grid;
-# MViTv2's decomposed tables), by leaf name: adapters leave them out of the base fingerprint.
-GRID_SIZED_TABLES = frozenset({"relative_position_bias_table", "rel_pos_h", "rel_pos_w", "rel_pos_t"})
-
 Resampler = Callable[[torch.Tensor, tuple[int, ...], nn.Module], torch.Tensor]
-# leaf name of a position tensor -> (its layout, how to resample it to the shape the model needs);
-# these are layouts of tensors, not roles (attnft.roles says which weights train)
-_RESAMPLERS: dict[str, tuple[str, Resampler]] = {
-    "pos_embed": ("embedding", _resample_abs_pos_embed),
-    "relative_position_bias_table": ("table", _resize_rel_pos_bias_table),
-    "rel_pos_h": ("table", _resize_decomposed_rel_pos),
-    "rel_pos_w": ("table", _resize_decomposed_rel_pos),
+# layout of a grid-sized tensor (the role map's grid_tensors) -> how to resample it to the shape the model needs
+_RESAMPLERS: dict[str, Resampler] = {
+    "abs_pos_embed": _resample_abs_pos_embed,
+    "rel_pos_bias_table": _resize_rel_pos_bias_table,
+    "decomposed_rel_pos": _resize_decomposed_rel_pos,
 }
-
 
 def required_multiple(model: nn.Module) -> int:
     """The number of pixels an input side must be a multiple of: the model's total stride.

@@ -2,15 +2,13 @@
 
 Names are ``[A-Za-z0-9][A-Za-z0-9._-]*`` without ``..``, so a name can never reach outside the
 store. Hidden entries (``.tmp-*`` being written, ``.del-*`` being deleted) are never listed;
-every write and delete is atomic (see :func:`attnft.adapters.write_directory_atomically`), and
+every write and delete is atomic (see :func:`attnft.files.write_directory_atomically`), and
 a failed one (full disk, permissions) is one StoreError line with the store as it was. Every
 write first clears the hidden entries killed writers left behind (:meth:`AdapterStore.remove_leftovers`).
 
-Two formats live side by side: attnft's own (:mod:`attnft.adapters`, from a freezing policy)
-and peft's (:mod:`attnft.peft_methods`, from ``lora`` / ``ia3`` policies). Both folders hold
-``adapter_config.json`` + ``adapter_model.safetensors``; only peft's has the sidecar
-``attnft.json``, and every method branches on it. ``read``, ``config``, ``verify`` and ``load``
-return the matching type of each format.
+Two formats live side by side: attnft's own (from a freezing policy) and peft's (from ``lora`` /
+``ia3`` policies). Each method asks the folder's :class:`attnft.formats.AdapterFormat` once
+(:meth:`AdapterStore.format`); ``read``, ``config``, ``verify`` and ``load`` return that format's types.
 """
 from __future__ import annotations
 
@@ -20,35 +18,17 @@ import shutil
 import stat
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Union
 
 from torch import nn
 
-from .adapters import (
-    CARD_FILE,
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    Adapter,
-    AdapterConfig,
-    BaseSnapshot,
-    check_finite,
-    check_finite_file,
-    check_num_classes,
-    io_error,
-    load_adapter,
-    nearest_existing,
-    read_adapter,
-    read_config,
-    remove_directory_atomically,
-    remove_entry,
-    safetensors_header,
-    save_adapter,
-    verify_adapter,
-    write_directory_atomically,
-)
-from .errors import AdapterError, AttnftError, OfflineError, StoreError
+from .adapters import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, Adapter, AdapterConfig, BaseSnapshot
+from .errors import AdapterError, AttnftError, StoreError
+from .files import io_error, nearest_existing, remove_directory_atomically, remove_entry, write_directory_atomically
+from .formats import PEFT_SIDECAR_FILE, AdapterFormat, AdapterSummary, format_for, format_of
+from .formats import is_peft_adapter as is_peft_folder  # for callers not yet moved to attnft.formats
+from .hub import hub_errors
 from .policy import PolicyReport
 
 if TYPE_CHECKING:
@@ -60,10 +40,6 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MAX_NAME_LENGTH = 128
 STORE_ENV = "ATTNFT_STORE"
 DEFAULT_STORE = "adapters"
-# attnft.peft_methods.SIDECAR_FILE, repeated so that telling the formats apart does not import
-# peft (seconds); tests/test_peft_integration.py checks the two agree
-PEFT_SIDECAR_FILE = "attnft.json"
-PEFT_KEY_PREFIX = "base_model.model."  # peft's prefix on every saved tensor name
 # A hidden entry is cleared automatically only if its writer's pid is dead here AND nothing in it
 # changed for this long. The pid alone is not enough: a store on a shared disk may be written from
 # another machine or container, whose pids mean nothing here; a live writer touches its files.
@@ -91,51 +67,6 @@ def check_name(name: str) -> str:
     return name
 
 
-def is_peft_folder(path: Union[str, os.PathLike]) -> bool:
-    """Whether the adapter folder ``path`` is in peft's format (it has attnft's sidecar); imports no peft."""
-    return (Path(path) / PEFT_SIDECAR_FILE).is_file()
-
-
-def _peft():
-    """:mod:`attnft.peft_methods`, imported the first time a peft adapter is met (peft takes seconds to import)."""
-    from . import peft_methods
-
-    return peft_methods
-
-
-def _verify_folder(path: Path) -> Union[AdapterConfig, "PeftAdapterInfo"]:
-    if not is_peft_folder(path):
-        return verify_adapter(path)
-    info = _peft().verify_peft_adapter(path)  # sizes, sha256, peft's config, a tensor per target
-    weights = path / WEIGHTS_FILE
-    shapes = {name.removeprefix(PEFT_KEY_PREFIX): entry["shape"] for name, entry in safetensors_header(weights).items()}
-    check_num_classes(shapes, info.num_classes, str(path / PEFT_SIDECAR_FILE))
-    check_finite_file(weights)
-    return info
-
-
-@dataclass
-class AdapterSummary:
-    """One line of ``list``: a stored adapter as its config describes it (``error`` if it cannot be read)."""
-
-    name: str
-    path: Path
-    model_name: str = ""
-    policy: str = ""
-    mode: str = ""
-    num_classes: int = 0
-    input_size: int = 0
-    size_bytes: int = 0
-    base_fingerprint: str = ""
-    created: str = ""
-    error: Optional[str] = None
-
-    def to_dict(self) -> dict:
-        data = dict(vars(self))
-        data["path"] = str(self.path)
-        return data
-
-
 class AdapterStore:
     """Named adapters under one root folder."""
 
@@ -151,7 +82,8 @@ class AdapterStore:
     def exists(self, name: str) -> bool:
         return (self.path(name) / CONFIG_FILE).is_file()
 
-    def _existing(self, name: str) -> Path:
+    def folder(self, name: str) -> Path:
+        """The folder of stored adapter ``name``; StoreError if there is none."""
         path = self.path(name)
         self._check_root()
         if not path.is_dir():
@@ -197,9 +129,13 @@ class AdapterStore:
                 raise StoreError(f"an adapter named {name!r} exists in {self.root}: pass --overwrite to replace it")
         return path
 
+    def format(self, name: str) -> AdapterFormat:
+        """The format of adapter ``name``; StoreError if it is not stored."""
+        return format_of(self.folder(name))
+
     def format_of(self, name: str) -> str:
-        """``"peft"`` (peft's format, from a lora / ia3 policy) or ``"attnft"``; StoreError if ``name`` is not stored."""
-        return "peft" if is_peft_folder(self._existing(name)) else "attnft"
+        """The name of that format: ``"peft"`` (from a lora / ia3 policy) or ``"attnft"``."""
+        return self.format(name).name
 
     # --- write ---
 
@@ -210,32 +146,27 @@ class AdapterStore:
         report: Union[PolicyReport, "PeftReport"],
         base: Optional[BaseSnapshot] = None,
         *,
+        label_names: Optional[list[str]] = None,
+        data_config: Optional[dict] = None,
+        input_size: Optional[int] = None,
+        model_name: Optional[str] = None,
+        training: Optional[dict] = None,
         overwrite: bool = False,
-        **save_kwargs,
+        mode: str = "exact",
     ) -> Path:
-        """Save an adapter under ``name``, in the format of ``report``.
+        """Save an adapter under ``name``, in the format of ``report`` (:func:`attnft.formats.format_for`).
 
         A :class:`PolicyReport` (freezing policy): attnft's format, ``base`` being the snapshot
-        taken before training; ``save_kwargs`` as :func:`attnft.adapters.save_adapter`.
+        taken before training, ``mode`` exact or delta (:func:`attnft.adapters.save_adapter`).
         A :class:`attnft.peft_methods.PeftReport`: ``model`` is the PeftModel, saved in peft's
-        format; the report holds the base fingerprint, so no ``base``; ``save_kwargs`` are
-        ``label_names``, ``metadata`` and ``model_name`` (:func:`attnft.peft_methods.save_peft_adapter`).
+        format; the report holds the base fingerprint, so no ``base``; ``training`` is kept as the
+        sidecar's metadata, the input size and data config are the model's. Refuses NaN / inf.
         """
         path = self.check_writable(name, overwrite)
         self._clean_stale()
-        if isinstance(report, PolicyReport):
-            if base is None:
-                raise TypeError("an attnft adapter needs base, the BaseSnapshot captured before training")
-            save_kwargs.setdefault("title", name)
-            save_adapter(path, model, report, base, overwrite=overwrite, **save_kwargs)  # refuses NaN / inf itself
-            return path
-        peft = _peft()
-        if not isinstance(report, peft.PeftReport):
-            raise TypeError(f"cannot save an adapter from a {type(report).__name__}: pass a PolicyReport or a PeftReport")
-        if base is not None:
-            raise TypeError("a peft adapter takes its base fingerprint from its PeftReport: pass no base")
-        check_finite(report.trained_tensors(model), f"adapter {name}")
-        peft.save_peft_adapter(model, report, path, overwrite=overwrite, **save_kwargs)
+        format_for(report).save(path, model, report, base, label_names=label_names, data_config=data_config,
+                                input_size=input_size, model_name=model_name, training=training,
+                                overwrite=overwrite, mode=mode, title=name)
         return path
 
     def import_folder(self, source: Union[str, os.PathLike], name: str, *, overwrite: bool = False) -> Path:
@@ -246,13 +177,14 @@ class AdapterStore:
         """
         path = self.check_writable(name, overwrite)
         files = _files_to_import(Path(source))
-        _verify_folder(Path(source))  # refuse a broken folder before anything is written
+        fmt = format_of(source)
+        fmt.verify(source)  # refuse a broken folder before anything is written
         self._clean_stale()
 
         def write(folder: Path) -> None:
             for item in files:
                 _copy_regular_file(item, folder / item.name)
-            _verify_folder(folder)  # the copy, not just the source
+            fmt.verify(folder)  # the copy, not just the source
 
         write_directory_atomically(path, write, overwrite=overwrite)
         return path
@@ -261,7 +193,7 @@ class AdapterStore:
         """Remove adapter ``name``; a symlink in the store is removed as a link, what it points to stays."""
         path = self.path(name)
         if not path.is_symlink():
-            path = self._existing(name)
+            path = self.folder(name)
         self._clean_stale()
         remove_directory_atomically(path)
 
@@ -270,10 +202,10 @@ class AdapterStore:
 
     def push(self, name: str, repo_id: str, *, hub=None, private: Optional[bool] = None) -> str:
         """Upload adapter ``name`` (verified first) as the model repo ``repo_id``; the folder is the repo."""
-        path = self._existing(name)
-        _verify_folder(path)
+        path = self.folder(name)
+        format_of(path).verify(path)
         hub = hub or _hf_api()
-        with _hub_errors(repo_id):
+        with hub_errors(f"hub repo {repo_id}"):
             hub.create_repo(repo_id, private=private, exist_ok=True)
             hub.upload_folder(repo_id=repo_id, folder_path=str(path), commit_message=f"attnft adapter {name}")
         return repo_id
@@ -283,7 +215,7 @@ class AdapterStore:
         self.check_writable(name, overwrite)
         hub = hub or _hf_api()
         with tempfile.TemporaryDirectory(prefix=".pull-") as download:
-            with _hub_errors(repo_id):
+            with hub_errors(f"hub repo {repo_id}"):
                 folder = hub.snapshot_download(
                     repo_id, revision=revision, local_dir=download, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, PEFT_SIDECAR_FILE]
                 )
@@ -293,8 +225,8 @@ class AdapterStore:
 
     def read(self, name: str) -> Union[Adapter, "PeftAdapterInfo"]:
         """attnft's format: the verified :class:`Adapter` with its tensors. peft's: its sidecar (no tensor read)."""
-        path = self._existing(name)
-        return _peft().read_peft_adapter(path) if is_peft_folder(path) else read_adapter(path)
+        path = self.folder(name)
+        return format_of(path).read(path)
 
     def load(self, name: str, model: nn.Module, **load_kwargs) -> Union[AdapterConfig, "PeftModel"]:
         """Load adapter ``name`` onto ``model``.
@@ -304,20 +236,19 @@ class AdapterStore:
         ``model`` (changed in place) and returns the **PeftModel** to call instead
         (``load_kwargs`` as :func:`attnft.peft_methods.load_peft_adapter`).
         """
-        path = self._existing(name)
-        if is_peft_folder(path):
-            return _peft().load_peft_adapter(model, path, **load_kwargs)
-        return load_adapter(model, read_adapter(path), **load_kwargs)
+        path = self.folder(name)
+        return format_of(path).load(model, path, **load_kwargs)
 
     def config(self, name: str) -> Union[AdapterConfig, "PeftAdapterInfo"]:
         """What ``name`` describes itself as: attnft's AdapterConfig, or a peft adapter's sidecar."""
-        path = self._existing(name)
-        return _peft().read_peft_adapter(path) if is_peft_folder(path) else read_config(path)
+        path = self.folder(name)
+        return format_of(path).config(path)
 
     def verify(self, name: str) -> Union[AdapterConfig, "PeftAdapterInfo"]:
         """Check the files of ``name`` against its config (sizes, sha256, names, shapes, classes) and every value
         finite; AdapterError naming what is off."""
-        return _verify_folder(self._existing(name))
+        path = self.folder(name)
+        return format_of(path).verify(path)
 
     def names(self) -> list[str]:
         self._check_root()
@@ -331,21 +262,16 @@ class AdapterStore:
         for name in self.names():
             path = self.root / name
             try:
-                summaries.append(_summary(name, path))
+                summaries.append(format_of(path).summary(name, path))
             except AttnftError as e:
                 summaries.append(AdapterSummary(name=name, path=path, error=str(e)))
         return summaries
 
     def show(self, name: str) -> dict:
         """The config of ``name`` plus where it lives and its file sizes."""
-        path = self._existing(name)
+        path = self.folder(name)
         info = {"name": name, "path": str(path), "files": {p.name: p.stat().st_size for p in sorted(path.iterdir()) if p.is_file()}}
-        if is_peft_folder(path):
-            peft = _peft()
-            info["format"] = peft.SIDECAR_FORMAT
-            info.update(peft.read_peft_adapter(path).to_dict())
-        else:
-            info.update(read_config(path).to_dict())
+        info.update(format_of(path).describe(path))
         return info
 
     def remove_leftovers(self, older_than_s: float = 0.0) -> list[Path]:
@@ -373,67 +299,10 @@ class AdapterStore:
             pass  # a courtesy to the store: it must never stop the write itself
 
 
-def _summary(name: str, path: Path) -> AdapterSummary:
-    """A stored adapter as its config or sidecar describes it (no tensor is read)."""
-    if is_peft_folder(path):
-        info = _peft().read_peft_adapter(path)
-        return AdapterSummary(
-            name=name,
-            path=path,
-            model_name=info.model_name,
-            policy=info.policy,
-            mode=f"peft-{info.method}",
-            num_classes=info.num_classes or 0,
-            input_size=info.input_size,
-            size_bytes=_folder_bytes(path),
-            base_fingerprint=info.base_fingerprint,
-            created=info.created,
-        )
-    config = read_config(path)
-    return AdapterSummary(
-        name=name,
-        path=path,
-        model_name=config.model_name,
-        policy=config.policy,
-        mode=config.mode if config.mode == "exact" else f"delta-{config.delta_dtype}",
-        num_classes=config.num_classes,
-        input_size=config.input_size,
-        size_bytes=_folder_bytes(path),
-        base_fingerprint=config.base_fingerprint,
-        created=config.created,
-    )
-
-
 def _hf_api():
     from huggingface_hub import HfApi
 
     return HfApi()
-
-
-class _hub_errors:
-    """Hub failures as one-line user errors: offline -> OfflineError, anything else from the hub -> StoreError."""
-
-    def __init__(self, repo_id: str):
-        self.repo_id = repo_id
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, tb):
-        if error is None:
-            return False
-        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
-
-        if isinstance(error, (OfflineModeIsEnabled, LocalEntryNotFoundError)):
-            raise OfflineError(f"hub repo {self.repo_id} cannot be reached offline (HF_HUB_OFFLINE=1 or no network)") from None
-        if isinstance(error, HfHubHTTPError):
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise StoreError(f"hub repo {self.repo_id}: {first_line}") from None
-        return False
-
-
-def _folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
 
 
 def pid_alive(pid: int) -> bool:

@@ -31,7 +31,7 @@ ROWS = [  # label -> extra flags of the student run
 
 
 def run(work: Path, name: str, flags: list[str], args) -> dict:
-    command = [sys.executable, "-m", "attnft", "finetune", "--res", "56", "--epochs", str(args.epochs),
+    command = [sys.executable, "-m", "attnft", "finetune", "--model", "vit_fmnist_patch4_28", "--res", "56", "--epochs", str(args.epochs),
                "--store", str(work / "store"), "--output-dir", str(work / "runs" / name), "--name", name,
                "--no-progress", *flags]
     done = subprocess.run(command, capture_output=True, text=True,

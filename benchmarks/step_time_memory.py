@@ -42,7 +42,8 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from attnft.memory import enable_ffn_recompute, enable_grad_checkpointing, trace_cpu_memory
-from attnft.peft_methods import apply_peft_policy, is_peft_spec
+from attnft.methods import parse_method
+from attnft.peft_methods import apply_peft_policy
 from attnft.policy import apply_policy
 from attnft.speed import maybe_compile
 
@@ -127,7 +128,7 @@ class Run:
         with torch.device(bench.device):  # initialised where it runs: fast on a GPU
             model = timm.create_model(bench.model, pretrained=False, img_size=res, **bench.model_kwargs)
         num_classes = model.num_classes
-        if is_peft_spec(setup.policy):
+        if parse_method(setup.policy).is_peft:
             model, _ = apply_peft_policy(model, setup.policy)
             backbone = model.get_base_model()
         else:

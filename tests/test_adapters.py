@@ -99,7 +99,7 @@ def test_exact_adapter_on_a_fresh_base_reproduces_the_finetuned_logits(tmp_path,
     x = tiny_input(model)
     load_adapter(base, tmp_path / "a")
     with torch.no_grad():
-        assert max_diff(base(x), model(x)) <= 1e-6
+        assert torch.equal(base(x), model(x))
 
 
 def test_adapter_holds_only_the_tensors_the_policy_trained(saved, trained_vit):
@@ -241,7 +241,7 @@ def test_adapter_trained_at_another_resolution_loads_onto_a_base_created_at_chec
     load_adapter(base, tmp_path / "a64")
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
-        assert max_diff(base(x), model(x)) <= 1e-6
+        assert torch.equal(base(x), model(x))
 
 
 def test_model_that_takes_any_input_size_loads_an_adapter_of_another_size_as_it_is(tmp_path):
@@ -251,7 +251,7 @@ def test_model_that_takes_any_input_size_loads_an_adapter_of_another_size_as_it_
     load_adapter(base, tmp_path / "a")
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
-        assert max_diff(base(x), model(x)) <= 1e-6
+        assert torch.equal(base(x), model(x))
 
 
 def test_model_that_cannot_change_size_is_told_which_size_to_create(tmp_path):
@@ -262,23 +262,7 @@ def test_model_that_cannot_change_size_is_told_which_size_to_create(tmp_path):
         load_adapter(fresh_base("cait", base_state), tmp_path / "a64")
 
 
-# --- refusing bad input ---
-
-
-def test_truncated_weights_are_refused(saved):
-    weights = saved / WEIGHTS_FILE
-    weights.write_bytes(weights.read_bytes()[:-100])
-    with pytest.raises(AdapterError, match="truncated"):
-        read_adapter(saved)
-
-
-def test_corrupted_header_is_refused(saved):
-    weights = saved / WEIGHTS_FILE
-    data = bytearray(weights.read_bytes())
-    data[8:12] = b"\xff\xfe{]"
-    weights.write_bytes(bytes(data))
-    with pytest.raises(AdapterError, match="corrupted header"):
-        read_adapter(saved)
+# --- refusing bad input (truncated files, broken headers, missing configs: tests/test_adapters_cli.py) ---
 
 
 def test_a_flipped_data_byte_fails_the_checksum(saved):
@@ -288,12 +272,6 @@ def test_a_flipped_data_byte_fails_the_checksum(saved):
     weights.write_bytes(bytes(data))
     with pytest.raises(AdapterError, match="sha256"):
         verify_adapter(saved)
-
-
-def test_missing_config_is_refused(saved):
-    (saved / CONFIG_FILE).unlink()
-    with pytest.raises(AdapterError, match=CONFIG_FILE):
-        read_adapter(saved)
 
 
 def test_stated_num_classes_or_policy_that_differ_are_refused(saved, trained_vit):
@@ -400,7 +378,7 @@ print(json.dumps(logits.tolist()))
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=_env(attnft_on_path=False))
     assert out.returncode == 0, out.stderr
     with torch.no_grad():
-        assert max_diff(torch.tensor(json.loads(out.stdout)), model(x)) <= 1e-6
+        assert torch.equal(torch.tensor(json.loads(out.stdout)), model(x))
 
 
 def test_export_onto_another_base_writes_nothing(saved, tmp_path):

@@ -1,9 +1,10 @@
-"""The bundled ViT is known to timm wherever attnft is imported, and importing attnft stays cheap."""
+"""The bundled ViTs are known to timm wherever attnft is imported, and importing attnft stays cheap."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import timm
 import torch
 
@@ -26,9 +27,9 @@ def test_import_attnft_registers_the_bundled_model_once_timm_loads_without_impor
         "assert 'timm' not in sys.modules and 'torch' not in sys.modules, 'import attnft imported timm or torch'\n"
         "import timm\n"
         "assert 'datasets' not in sys.modules, 'registering imported datasets'\n"
-        f"print(timm.is_model({bundled.BUNDLED_MODEL!r}))\n"
+        f"print(*(timm.is_model(name) for name in {list(bundled.BUNDLED_MODELS)!r}))\n"
     )
-    assert out.returncode == 0 and out.stdout.split() == ["True"], out.stderr
+    assert out.returncode == 0 and out.stdout.split() == ["True"] * len(bundled.BUNDLED_MODELS), out.stderr
 
 
 def test_import_attnft_after_timm_registers_the_bundled_model_at_once():
@@ -36,23 +37,40 @@ def test_import_attnft_after_timm_registers_the_bundled_model_at_once():
     assert out.returncode == 0 and out.stdout.split() == ["10"], out.stderr
 
 
-def test_policies_of_the_bundled_model_through_the_cli():
-    out = run_python("", "policies", bundled.BUNDLED_MODEL, "--json")
+@pytest.mark.parametrize("name", bundled.BUNDLED_MODELS)
+def test_policies_of_a_bundled_model_through_the_cli(name):
+    out = run_python("", "policies", name, "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert report["total"] == bundled.bundled_facts()["parameters"] and 0.3 < report["trainable_share"] < 0.4
+    roles = {role["role"]: role for role in report["roles"]}
+    assert report["total"] == bundled.bundled_facts(name)["parameters"]
+    assert roles["attention"]["trainable"] == roles["attention"]["total"] > 0 and roles["ffn"]["trainable"] == 0
 
 
 def test_the_bundled_models_data_facts_are_the_fashion_mnist_readers():
     assert (bundled.LABEL_NAMES, bundled.MEAN, bundled.STD) == (fashion_mnist.LABEL_NAMES, fashion_mnist.MEAN, fashion_mnist.STD)
 
 
-def test_its_timm_equivalent_is_the_same_model_under_a_name_plain_timm_registers():
-    name, args = bundled.TIMM_EQUIVALENTS[bundled.BUNDLED_MODEL]
+def test_every_bundled_model_has_a_timm_equivalent_and_shipped_weights():
+    assert set(bundled.TIMM_EQUIVALENTS) == set(bundled.BUNDLED_MODELS)
+    assert all(timm.models.get_pretrained_cfg(name).file == bundled.weights_path(name) for name in bundled.BUNDLED_MODELS)
+
+
+@pytest.mark.parametrize("bundled_name", bundled.BUNDLED_MODELS)
+def test_its_timm_equivalent_is_the_same_model_under_a_name_plain_timm_registers(bundled_name):
+    name, args = bundled.TIMM_EQUIVALENTS[bundled_name]
     assert timm.models.model_entrypoint(name).__module__.startswith("timm.")
-    ours = timm.create_model(bundled.BUNDLED_MODEL, pretrained=True).eval()
-    theirs = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=bundled.WEIGHTS_PATH, num_classes=10),
+    ours = timm.create_model(bundled_name, pretrained=True).eval()
+    weights = bundled.weights_path(bundled_name)
+    theirs = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=weights, num_classes=10),
                                num_classes=10, **args).eval()
-    x = torch.randn(2, 3, 28, 28)
+    size = args["img_size"]
+    x = torch.randn(2, 3, size, size)
     with torch.no_grad():
         assert torch.equal(ours(x), theirs(x))
+
+
+def test_the_default_model_is_a_bundled_one_so_the_demo_runs_offline():
+    from attnft.config import DEFAULT_MODEL
+
+    assert DEFAULT_MODEL in bundled.BUNDLED_MODELS

@@ -63,7 +63,7 @@ def test_unknown_recipe_key_names_the_close_field(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("batchsize: 8\n")
     with pytest.raises(ConfigError, match=r"unknown key 'batchsize'.*did you mean 'batch_size'"):
-        load_recipe(str(recipe))
+        load_recipe(str(recipe), FinetuneConfig)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -93,26 +93,49 @@ def test_to_dict_round_trips_as_a_recipe(tmp_path):
     config = FinetuneConfig(dataset="cifar10", lr=2e-5, res=384, mixup=0.8, scale=(0.2, 1.0), log_with="tensorboard")
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config.to_dict()))
-    assert FinetuneConfig.from_dict(load_recipe(str(path))) == config
+    assert FinetuneConfig.from_dict(load_recipe(str(path), FinetuneConfig)) == config
 
 
-def test_augmentation_flags_are_the_aug_config_fields_and_default_to_the_level():
-    from attnft.augmentation import LEVELS, AugConfig
+def test_augmentation_flags_override_the_level_and_the_rest_come_from_it():
+    from attnft.augmentation import LEVELS
 
-    ours = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)}
-    for f in dataclasses.fields(AugConfig):
-        if f.name == "eval_crop_pct":  # the crop_pct flag
-            continue
-        assert f.name in ours, f"AugConfig.{f.name} has no FinetuneConfig field"
-        assert ours[f.name] is None or f.name == "smoothing", f"{f.name} must default to the level's value"
-    given = FinetuneConfig(aug="none", mixup=0.8, auto_augment="rand-m9").aug_config()
-    assert given == dataclasses.replace(LEVELS["none"], mixup=0.8, auto_augment="rand-m9")
+    config = parse(["--aug", "light", "--mixup", "0.8", "--mixup-mode", "pair", "--scale", "0.5", "1"])
+    assert config.aug_config() == dataclasses.replace(LEVELS["light"], mixup=0.8, mixup_mode="pair", scale=(0.5, 1.0))
+    assert parse(["--aug", "heavy"]).aug_config() == LEVELS["heavy"]
 
 
+def test_the_demo_settings_are_the_same_built_in_python_or_from_a_dict():
+    assert FinetuneConfig() == FinetuneConfig.from_dict({})
+    assert (FinetuneConfig().max_train, FinetuneConfig().max_eval) == (5000, 1000)
+    assert FinetuneConfig(dataset="cars").max_train is None  # a real dataset: all of it
+    assert FinetuneConfig(max_train=None).max_train is None  # asked for all of the demo's images
+
+
+@pytest.mark.parametrize("word, value", [("true", True), ("Yes", True), ("on", True), ("1", True),
+                                         ("false", False), ("NO", False), ("off", False), ("0", False)])
+def test_a_boolean_reads_the_same_words_in_a_recipe_and_in_a_policy_option(tmp_path, word, value):
+    from attnft.parsing import parse_bool
+
+    assert parse_bool(word) is value
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"progress: '{word}'\n")  # quoted: YAML's own booleans aside, the word itself
+    assert parse(["--recipe", str(recipe)]).progress is value
+
+
+def test_a_word_that_is_no_boolean_is_refused():
+    from attnft.parsing import parse_bool
+
+    with pytest.raises(ValueError, match="not a boolean"):
+        parse_bool("maybe")
+    with pytest.raises(ConfigError, match="progress must be true or false"):
+        FinetuneConfig(progress="maybe")
+
+
+# a recipe beside a script of its own name is that script's configuration, not attnft finetune's
 @pytest.mark.parametrize("path", sorted(p for p in glob.glob(os.path.join(RECIPES, "*.yaml"))
-                                        if not os.path.basename(p).startswith("pretrain_fmnist")))
+                                        if not os.path.exists(p[:-len(".yaml")] + ".py")))
 def test_every_recipe_loads_into_a_valid_config_and_names_its_source(path):
-    config = FinetuneConfig.from_dict(load_recipe(path), source=path)
+    config = FinetuneConfig.from_dict(load_recipe(path, FinetuneConfig), source=path)
     assert config.policy in ("attn", "ffn", "full")
     with open(path) as f:
         text = f.read()

@@ -25,6 +25,7 @@ from attnft.data import (
     with_transform,
 )
 from attnft.data import fashion_mnist
+from attnft.data.presets import HUB
 from attnft.errors import DataError
 
 COLORS = {"cat": (200, 30, 30), "dog": (30, 30, 200), "owl": (30, 200, 30)}
@@ -149,19 +150,25 @@ def test_fashion_mnist_is_the_default_dataset():
 
 # ---- presets ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, hub_id, image_key, label_key, train_split, eval_split, num_classes", [
-    ("cars", "tanganke/stanford_cars", "image", "label", "train", "test", 196),
-    ("flowers102", "Donghyun99/Oxford-Flower-102", "image", "label", "train+validation", "test", 102),
-    ("cifar10", "uoft-cs/cifar10", "img", "label", "train", "test", 10),
-    ("cifar100", "uoft-cs/cifar100", "img", "fine_label", "train", "test", 100),
-    ("pets", "timm/oxford-iiit-pet", "image", "label", "train", "test", 37),
-    ("food101", "ethz/food101", "image", "label", "train", "validation", 101),
-])
-def test_hub_presets_name_their_repo_columns_and_splits(name, hub_id, image_key, label_key, train_split,
-                                                        eval_split, num_classes):
+@pytest.mark.parametrize("name", sorted(n for n, p in PRESETS.items() if p.layout == HUB))
+def test_a_hub_preset_reads_its_own_splits_and_columns_from_a_local_copy(tmp_path, name):
+    """A copy holding decoys (another split, a second image and label column) loads only what the preset names."""
     preset = get_preset(name)
-    assert (preset.hub_id, preset.image_key, preset.label_key) == (hub_id, image_key, label_key)
-    assert (preset.train_split, preset.eval_split, preset.num_classes) == (train_split, eval_split, num_classes)
+    sizes = {"train": 4, "validation": 3, "test": 5, "extra": 2}
+    decoys = {"thumbnail": ([Image.new("RGB", (3, 3))] * 9, ImageFeature()),
+              "decoy_label": ([2] * 9, ClassLabel(names=["x", "y", "z"]))}
+    splits = {}
+    for split, count in sizes.items():
+        data = image_dataset(count, ["a", "b"], extra={k: (v[:count], f) for k, (v, f) in decoys.items()})
+        splits[split] = data.rename_columns({"image": preset.image_key, "label": preset.label_key}) \
+            if preset.image_key != "image" or preset.label_key != "label" else data
+    DatasetDict(splits).save_to_disk(tmp_path / "copy")
+    task = load_task(name, data_dir=str(tmp_path / "copy"))
+    assert len(task.train) == sum(sizes[s] for s in preset.train_split.split("+"))
+    assert len(task.eval) == sizes[preset.eval_split]
+    assert task.label_names == ["a", "b"]  # the preset's label column, not the decoy
+    image, label = task.train[0]
+    assert image.size == (10, 10) and label == 0  # the preset's image column, not the thumbnail
 
 
 def test_presets_cover_the_papers_transfer_datasets():

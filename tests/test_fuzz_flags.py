@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from attnft.cli import main
-from attnft.config import FinetuneConfig, _base_type
+from attnft.config import FinetuneConfig
+from attnft.parsing import base_type
 from attnft.store import AdapterStore
 from test_runner import (  # noqa: F401  (fixture)
     one_thread_and_private_caches,
@@ -38,7 +39,7 @@ FIXED = {"steps": "1"}  # every run is one optimizer step unless --steps is the 
 def numeric_flags() -> dict[str, type]:
     """Every numeric field of FinetuneConfig and its type (int, float, or tuple: two floats)."""
     hints = typing.get_type_hints(FinetuneConfig)
-    kinds = {f.name: _base_type(hints[f.name])[0] for f in dataclasses.fields(FinetuneConfig)}
+    kinds = {f.name: base_type(hints[f.name])[0] for f in dataclasses.fields(FinetuneConfig)}
     return {name: kind for name, kind in kinds.items() if kind in (int, float, tuple)}
 
 

@@ -24,6 +24,11 @@ def _train_steps(model, steps=2):
 def test_attn_policy_moves_only_attention_head_and_pos_embed(family):
     model = tiny_model(family)
     role_map = build_role_map(model)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim == 2 and not param.any():
+                # a zero-initialised classifier (Hiera) passes no gradient back; a trained base has none
+                torch.nn.init.normal_(param, std=0.02)
     apply_policy(model, "attn", role_map=role_map)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     _train_steps(model)
@@ -32,8 +37,7 @@ def test_attn_policy_moves_only_attention_head_and_pos_embed(family):
             region = entry.region.index(param.ndim) if entry.region else ...
             now, then = param.detach()[region], before[name][region]
             if entry.role in (Role.ATTENTION, Role.HEAD, Role.POS_EMBED):
-                if entry.role == Role.ATTENTION:
-                    assert not torch.equal(now, then), f"attention weight {name} did not train"
+                assert not torch.equal(now, then), f"{entry.role} weight {name} did not train"
             else:
                 assert torch.equal(now, then), f"frozen {entry.role} weight {name} changed"
 
@@ -116,3 +120,15 @@ def test_the_table_says_where_each_role_lives_incl_the_distillation_head_and_tok
     rows = {line.split()[0]: line for line in table.splitlines()[3:]}
     assert rows["head"].endswith("head, head_dist") and rows["tokens"].endswith("cls_token, dist_token")
     assert rows["attention"].endswith("blocks 0-1")
+
+
+def test_select_names_what_apply_policy_trains_incl_the_trained_rows_of_a_fused_weight():
+    model = tiny_model("parallel_scaling")
+    role_map = build_role_map(model)
+    selected = Policy.parse("attn").select(role_map)
+    report = apply_policy(model, "attn", role_map=role_map)
+    assert selected == report.trainable
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == set(selected)
+    region = selected["blocks.0.in_proj.weight"]
+    assert (region.dim, region.start) == (0, model.blocks[0].in_split[0])
+    assert selected["head.weight"] is None and selected["pos_embed"] is None

@@ -18,8 +18,9 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def readme_store(tmp_path):
     """./adapters with the quick start's adapter and a 'digits-56' adapter on the same base."""
     store = str(tmp_path / "adapters")
-    common = ["--res", "56", "--steps", "1", "--batch-size", "8", "--workers", "0", "--no-progress",
-              "--no-eval-before", "--store", store, "--max-eval", "16"]
+    # the README's multi-task example: the 28 px bundled ViT at 56 px
+    common = ["--model", "vit_fmnist_patch4_28", "--res", "56", "--steps", "1", "--batch-size", "8", "--workers", "0",
+              "--no-progress", "--no-eval-before", "--store", store, "--max-eval", "16"]
     assert main(["finetune", "--policy", "attn", "--max-train", "16", "--output-dir", str(tmp_path / "r1"),
                  *common]) == 0
     digits = write_color_folder(tmp_path / "colors", size=28)

@@ -177,3 +177,17 @@ def test_modules_with_role_never_include_patch_embedding():
     names = build_role_map(model).modules_with_role(model, Role.ATTENTION)
     assert "blocks.0.attn.qkv" in names and "blocks.0.attn.proj" in names
     assert not any(n.startswith("patch_embed") for n in names)
+
+
+def test_the_role_map_knows_modules_blocks_heads_biases_and_grid_sized_tensors():
+    model = tiny_model("beit", num_classes=0)
+    role_map = build_role_map(model)
+    assert role_map.block_paths() == ["blocks.0", "blocks.1"] and role_map.block_path(1) == "blocks.1"
+    assert role_map.block_of_module("blocks.1.attn.qkv") == 1 and role_map.block_of_module("patch_embed") is None
+    assert role_map.module_role("blocks.0.attn.proj") == Role.ATTENTION and role_map.module_role("blocks.0") is None
+    assert role_map.claiming_module("blocks.0.mlp.fc1.weight") == "blocks.0.mlp"
+    assert role_map.outermost_modules(Role.FFN) == ["blocks.0.mlp", "blocks.1.mlp"]
+    assert "head" in role_map.head_modules() and role_map.head_of("head.weight") == "head"  # an nn.Identity head
+    assert role_map.is_bias("blocks.0.attn.q_bias") and not role_map.is_bias("blocks.0.attn.qkv.weight")
+    assert role_map.grid_tensors() == {f"blocks.{b}.attn.relative_position_bias_table": "rel_pos_bias_table"
+                                       for b in (0, 1)}

@@ -16,7 +16,9 @@ from PIL import Image
 
 from attnft.cli import main
 from attnft.config import FinetuneConfig
-from attnft.runner import MetricsLog, default_adapter_name, finetune, warmup_cosine_schedule
+from attnft.results import default_adapter_name
+from attnft.run_folder import MetricsLog
+from attnft.runner import finetune, warmup_cosine_schedule
 
 TINY_ARGS = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
 COLORS = {"red": (200, 40, 40), "green": (40, 200, 40), "blue": (40, 40, 200), "grey": (128, 128, 128)}
@@ -110,18 +112,18 @@ def test_finetune_saves_an_adapter_that_attnft_eval_scores_exactly_as_the_run_re
 
 
 def test_with_no_model_or_dataset_the_bundled_vit_is_fine_tuned_on_fashion_mnist(tmp_path, capsys):
-    """The quick demo, `attnft finetune --policy attn --res 56`, cut to a few steps."""
+    """The quick demo, `attnft finetune --policy attn --res 384`, cut to a few steps."""
     from attnft.bundled import WEIGHTS_PATH
 
     if not os.path.isfile(WEIGHTS_PATH):
         pytest.skip("the bundled weights are not built yet")
     store = str(tmp_path / "store")
-    assert main(["finetune", "--policy", "attn", "--res", "56", "--store", store, "--output-dir", str(tmp_path / "run"),
+    assert main(["finetune", "--policy", "attn", "--res", "384", "--store", store, "--output-dir", str(tmp_path / "run"),
                  "--max-train", "128", "--max-eval", "64", "--batch-size", "32", "--workers", "0",
                  "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert "Fashion-MNIST" in printed and "input 56 px" in printed
-    name = "vit_fmnist_patch4_28-attn-fashion-mnist-56"
+    assert "Fashion-MNIST" in printed and "input 384 px" in printed
+    name = "vit_fmnist_patch32_224-attn-fashion-mnist-384"
     assert f"adapter saved:   {os.path.join(store, name)}" in printed
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["accuracy_before"] is not None and not result["new_head"]
@@ -282,6 +284,44 @@ def test_tensorboard_tracker_writes_event_files_on_request(tiny, tmp_path):
     assert events
 
 
+def _frozen_region_hooks() -> list:
+    """The policy's post-step restores registered for every optimizer of this process (torch keeps them global)."""
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    from attnft.policy import _RestoreFrozenRegions
+
+    return [h for h in _global_optimizer_post_hooks.values() if isinstance(h, _RestoreFrozenRegions)]
+
+
+def test_finetune_leaves_no_global_optimizer_hook_whether_it_returns_or_raises(tmp_path):
+    import timm
+    from timm.models._hub import save_for_hf
+
+    from attnft.errors import ConfigError
+    from attnft.models import create_model
+    from attnft.policy import apply_policy
+
+    # ParallelScalingBlock fuses qkv with the FFN's fc1: "attn" splits that tensor, which installs the hook
+    args = dict(TINY_ARGS, num_classes=3)
+    save_for_hf(timm.create_model("vit_base_patch16_xp_224", pretrained=False, **args), str(tmp_path / "model"),
+                model_args=args, safe_serialization=True)
+    model = f"local-dir:{tmp_path / 'model'}"
+    before = len(_frozen_region_hooks())  # other tests' policies, applied in this process, may still hold theirs
+    report = apply_policy(create_model(model), "attn")
+    assert report.frozen_regions and len(_frozen_region_hooks()) == before + 1
+    report.remove_hooks()
+    assert len(_frozen_region_hooks()) == before
+
+    common = dict(model=model, dataset=write_color_folder(tmp_path / "colors"), store=str(tmp_path / "store"),
+                  output_dir=str(tmp_path / "run"), batch_size=8, workers=0, progress=False, steps=1,
+                  eval_before=False)
+    finetune(FinetuneConfig(**common))
+    assert len(_frozen_region_hooks()) == before
+    with pytest.raises(ConfigError, match="holds another run"):  # refused after the policy was applied
+        finetune(FinetuneConfig(**common, name="second"))
+    assert len(_frozen_region_hooks()) == before
+
+
 def test_default_adapter_name_is_model_policy_dataset_resolution():
     assert default_adapter_name("vit_small_patch16_224.augreg_in1k", "attn", "cars", 384) == \
         "vit_small_patch16_224.augreg_in1k-attn-cars-384"
@@ -389,6 +429,16 @@ def test_output_dir_of_another_run_is_refused_without_resume_or_overwrite(previo
                    words=["--resume", "--overwrite"], untouched=[tmp_path / "run", tmp_path / "store"])
 
 
+def test_a_policy_typo_is_the_first_thing_refused(tmp_path):
+    """Before the Accelerator is built and its own checks run (fp16 on the CPU would be refused too)."""
+    from attnft.errors import UnknownPolicyError
+
+    with pytest.raises(UnknownPolicyError, match="atn"):
+        finetune(FinetuneConfig(policy="atn", precision="fp16", cpu=True, store=str(tmp_path / "store"),
+                                output_dir=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists() and not (tmp_path / "store").exists()
+
+
 def test_unknown_recipe_key_is_refused(previous_run, tmp_path, capsys):
     model, data = previous_run
     recipe = tmp_path / "bad.yaml"
@@ -402,7 +452,7 @@ def test_peft_policy_finetunes_into_peft_format_that_attnft_eval_and_plain_peft_
     from peft import PeftModel
 
     from attnft.models import create_model
-    from attnft.store import is_peft_folder
+    from attnft.store import AdapterStore, is_peft_folder
 
     model, data = tiny
     assert main(finetune_args(model, data, tmp_path, "--policy", policy, "--epochs", "3", "--lr", "1e-2",
@@ -417,4 +467,7 @@ def test_peft_policy_finetunes_into_peft_format_that_attnft_eval_and_plain_peft_
     assert json.loads((tmp_path / "eval.json").read_text())["top1"] == result["accuracy_after"]
 
     plain = PeftModel.from_pretrained(create_model(model), str(adapter)).eval()  # peft alone, no attnft loader
-    assert isinstance(plain, PeftModel)
+    ours = AdapterStore(tmp_path / "store").load("colors", create_model(model))
+    x = torch.randn(4, 3, result["input_size"], result["input_size"], generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(plain(x), ours(x))

@@ -21,7 +21,9 @@ import torch
 from PIL import Image
 
 from attnft.cli import main
-from attnft.runner import LOCK_FILE, MetricsLog, _Window, new_accelerator
+from attnft.divergence import LossWindow
+from attnft.processes import new_accelerator
+from attnft.run_folder import LOCK_FILE, MetricsLog
 from test_runner import (  # noqa: F401  (fixtures)
     _fails_cleanly,
     _snapshot,
@@ -112,7 +114,7 @@ def test_weights_broken_by_the_last_step_are_caught_before_saving(tiny, tmp_path
 def test_the_window_tracks_a_non_finite_loss_without_reading_the_device():
     """A step reads nothing back from the device: .item(), .tolist() and bool() of a tensor fail inside add()."""
     accelerator = new_accelerator(cpu=True)
-    window = _Window()
+    window = LossWindow()
     losses = [torch.tensor(1.0), torch.tensor(float("nan")), torch.tensor(float("inf"))]
     with pytest.MonkeyPatch.context() as patch:
         for method in ("item", "tolist", "__bool__", "__float__", "__int__"):
@@ -120,7 +122,7 @@ def test_the_window_tracks_a_non_finite_loss_without_reading_the_device():
         for step, loss in enumerate(losses, start=1):
             window.add(loss, torch.tensor([True, False]), 2, step)
     assert window.first_nonfinite_step(accelerator) == 2
-    clean = _Window()
+    clean = LossWindow()
     clean.add(torch.tensor(0.5), torch.tensor([True]), 1, 1)
     assert clean.first_nonfinite_step(accelerator) is None
 

@@ -13,7 +13,7 @@ import torch
 from timm.models._hub import save_for_hf
 
 from attnft.adapters import BaseSnapshot
-from attnft.bundled import BUNDLED_MODEL, LABEL_NAMES, WEIGHTS_PATH
+from attnft.bundled import BUNDLED_MODEL, BUNDLED_MODEL_224, LABEL_NAMES, WEIGHTS_PATH, weights_path
 from attnft.cli import main
 from attnft.merge import create_base
 from attnft.models import create_model
@@ -88,15 +88,17 @@ def test_run_isolated_refuses_to_import_attnft(tmp_path):
     assert run_isolated("import json", tmp_path).returncode == 0
 
 
-def test_the_bundled_adapters_card_runs_in_plain_timm_and_with_attnft(tmp_path):
+@pytest.mark.parametrize("bundled_name, res", [(BUNDLED_MODEL, 56), (BUNDLED_MODEL_224, 384)])
+def test_the_bundled_adapters_card_runs_in_plain_timm_and_with_attnft(tmp_path, bundled_name, res):
     store = AdapterStore(tmp_path / "store")
-    model = trained_adapter(store, "fmnist56", BUNDLED_MODEL, img_size=56)
-    blocks = python_blocks((store.path("fmnist56") / "README.md").read_text())
-    assert len(blocks) == 2 and BUNDLED_WEIGHTS in blocks[0]
+    model = trained_adapter(store, "fmnist", bundled_name, img_size=res)
+    blocks = python_blocks((store.path("fmnist") / "README.md").read_text())
+    shown_weights = f"path/to/{bundled_name}.safetensors"
+    assert len(blocks) == 2 and shown_weights in blocks[0]
     x = random_input(model)
     with torch.no_grad():
         expected = model(x)
-    replace = {"path/to/this/folder": store.path("fmnist56"), BUNDLED_WEIGHTS: WEIGHTS_PATH}
+    replace = {"path/to/this/folder": store.path("fmnist"), shown_weights: weights_path(bundled_name)}
     assert_every_block_gives(expected, blocks, x, tmp_path, replace)
 
 
@@ -134,7 +136,7 @@ def test_a_peft_adapters_card_is_filled_and_runs_with_plain_peft_and_with_attnft
     optimizer.step()
     store = AdapterStore(tmp_path / "store")
     store.save("fmnist-lora", peft_model.eval(), report, model_name=BUNDLED_MODEL, label_names=list(LABEL_NAMES),
-               metadata={"dataset": "fashion-mnist", "top1": 91.25})
+               training={"dataset": "fashion-mnist", "top1": 91.25})
     card = (store.path("fmnist-lora") / "README.md").read_text()
     assert "[More Information Needed]" not in card
     for fact in ("vit_fmnist_patch4_28", "lora:r=4", "56 px", "fashion-mnist", "91.25%", "T-shirt/top"):

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, BaseSnapshot, write_directory_atomically
+from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, BaseSnapshot
 from attnft.errors import AdapterError, OfflineError, StoreError
+from attnft.files import write_directory_atomically
 from attnft.policy import apply_policy
 from attnft.store import AdapterStore, check_name
 from tiny_models import tiny_input, tiny_model
@@ -198,6 +199,21 @@ def test_pull_offline_with_the_real_hub_client_is_an_offline_error(store):
     with pytest.raises(OfflineError, match="offline"):
         store.pull("someone/some-adapter", "pulled")
     assert not store.path("pulled").exists()
+
+
+def test_hub_errors_make_an_invalid_repo_id_the_caller_s_error_and_an_offline_hub_an_offline_error():
+    from huggingface_hub.errors import OfflineModeIsEnabled
+    from huggingface_hub.utils import validate_repo_id
+
+    from attnft.errors import UnknownModelError
+    from attnft.hub import hub_errors
+
+    with pytest.raises(UnknownModelError, match="^model a//b: not found on the hub"):
+        with hub_errors("model a//b", missing=UnknownModelError):
+            validate_repo_id("a//b")
+    with pytest.raises(OfflineError, match="offline .*; pass --checkpoint FILE$"):
+        with hub_errors("model x", hint="; pass --checkpoint FILE"):
+            raise OfflineModeIsEnabled("HF_HUB_OFFLINE is set")
 
 
 # --- SIGKILL while saving ---

@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from attnft import adapters as adapters_module
+from attnft import files as files_module
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, load_adapter, save_adapter
 from attnft.cli import main
 from attnft.errors import AdapterError, BaseMismatchError, StoreError
@@ -322,7 +322,7 @@ def test_an_io_failure_on_delete_is_one_line_and_keeps_the_adapter(capsys, store
         raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(dst))
 
     before = tree(store.root)
-    monkeypatch.setattr(adapters_module, "_renameat2", renameat2)
+    monkeypatch.setattr(files_module, "_renameat2", renameat2)
     result = attnft(capsys, "adapters", "delete", "cars", "--store", store.root)
     assert_one_line_error(result, f"permission denied deleting adapter cars from {store.root}")
     assert tree(store.root) == before

@@ -1,16 +1,20 @@
 """Models shipped inside attnft, registered in timm's registry on import.
 
 ``import attnft`` imports this module as soon as timm is loaded (:mod:`attnft.registration`);
-then ``timm.create_model(BUNDLED_MODEL, pretrained=True)`` loads the bundled weights from this
-directory with no network; ``img_size=56`` (or any multiple of the patch size) resamples
-``pos_embed`` bicubically, as for any timm ViT.
+then ``timm.create_model(name, pretrained=True)`` loads the bundled weights from this directory
+with no network, for each name in :data:`BUNDLED_MODELS`; ``img_size`` (any multiple of the
+patch size) resamples ``pos_embed`` bicubically, as for any timm ViT.
+
+- ``vit_fmnist_patch4_28``: Fashion-MNIST at its own 28 px, 4 px patches (7x7 grid);
+  ``recipes/pretrain_fmnist.py``.
+- ``vit_fmnist_patch32_224``: the same ViT for the images upscaled 8x to 224 px, 32 px patches
+  (7x7 grid; 12x12 at 384 px, the grid step of ViT/16 from 224 to 384 px): derived from the first
+  by a patch-embedding resize, then adapted at 224 px; ``recipes/derive_fmnist_224.py``.
 
 Plain timm, without attnft, knows no such name: :data:`TIMM_EQUIVALENTS` says which timm
 architecture and arguments build the same model, for exports and model cards
-(:mod:`attnft.plain_timm`).
-
-The weights come from ``recipes/pretrain_fmnist.py``; ``<name>.json`` next to them
-records how they were made and what they score.
+(:mod:`attnft.plain_timm`). ``<name>.json`` next to the weights records how they were made and
+what they score.
 """
 import json
 import os
@@ -20,9 +24,22 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 
 BUNDLED_DIR = os.path.dirname(os.path.abspath(__file__))
 BUNDLED_MODEL = "vit_fmnist_patch4_28"
+BUNDLED_MODEL_224 = "vit_fmnist_patch32_224"
 BUNDLED_TAG = "attnft"
-WEIGHTS_PATH = os.path.join(BUNDLED_DIR, f"{BUNDLED_MODEL}.safetensors")
-FACTS_PATH = os.path.join(BUNDLED_DIR, f"{BUNDLED_MODEL}.json")
+
+
+def weights_path(name: str = BUNDLED_MODEL) -> str:
+    """The safetensors file of the bundled model ``name``."""
+    return os.path.join(BUNDLED_DIR, f"{name}.safetensors")
+
+
+def facts_path(name: str = BUNDLED_MODEL) -> str:
+    """The JSON beside :func:`weights_path`: how the weights were made and what they score."""
+    return os.path.join(BUNDLED_DIR, f"{name}.json")
+
+
+WEIGHTS_PATH = weights_path(BUNDLED_MODEL)
+FACTS_PATH = facts_path(BUNDLED_MODEL)
 
 # Fashion-MNIST's classes and train-set pixel statistics, as attnft.data.fashion_mnist has them (a
 # test keeps them equal): importing attnft.data would import 🤗 datasets (1.3 s) whenever timm loads
@@ -35,16 +52,27 @@ STD = 0.3530
 
 # 4x4 patches (7x7 = 49 tokens + class token), width 64, 6 blocks of 4 heads
 MODEL_ARGS = dict(img_size=28, patch_size=4, embed_dim=64, depth=6, num_heads=4, mlp_ratio=4.0)
+# the same 7x7 grid over the image upscaled 8x: each 32 px patch covers the 4x4 source pixels of one above
+MODEL_ARGS_224 = dict(MODEL_ARGS, img_size=224, patch_size=32)
+# name -> the arguments that make it; the weights' own resolution is img_size
+BUNDLED_MODELS = {BUNDLED_MODEL: MODEL_ARGS, BUNDLED_MODEL_224: MODEL_ARGS_224}
 # name -> (a timm name of the same class, the arguments that make it this model): timm's ViT-S/16
 # entry point builds timm's VisionTransformer with the same defaults apart from the geometry
-TIMM_EQUIVALENTS = {BUNDLED_MODEL: ("vit_small_patch16_224", MODEL_ARGS)}
+TIMM_EQUIVALENTS = {name: ("vit_small_patch16_224", args) for name, args in BUNDLED_MODELS.items()}
 
-# read by timm's register_model: module-level `default_cfgs` keyed like the entrypoint names
-default_cfgs = generate_default_cfgs({
-    f"{BUNDLED_MODEL}.{BUNDLED_TAG}": dict(
-        file=WEIGHTS_PATH,
+_DESCRIPTIONS = {
+    BUNDLED_MODEL: "Tiny ViT pretrained by attnft on Fashion-MNIST train (60k) at 28 px; recipes/pretrain_fmnist.py",
+    BUNDLED_MODEL_224: f"{BUNDLED_MODEL} for Fashion-MNIST upscaled to 224 px (32 px patches), patch embedding "
+                       "resized and adapted on the upscaled train set (60k); recipes/derive_fmnist_224.py",
+}
+
+
+def _pretrained_cfg(name: str) -> dict:
+    size = BUNDLED_MODELS[name]["img_size"]
+    return dict(
+        file=weights_path(name),
         hf_hub_id=None,
-        input_size=(3, 28, 28),
+        input_size=(3, size, size),
         crop_pct=1.0,
         interpolation="bicubic",
         # grayscale replicated to RGB, so the statistics are too
@@ -55,26 +83,39 @@ default_cfgs = generate_default_cfgs({
         first_conv="patch_embed.proj",
         classifier="head",
         license="apache-2.0",
-        description="Tiny ViT pretrained by attnft on Fashion-MNIST train (60k) at 28 px; recipes/pretrain_fmnist.py",
-    ),
-})
+        description=_DESCRIPTIONS[name],
+    )
+
+
+# read by timm's register_model: module-level `default_cfgs` keyed like the entrypoint names
+default_cfgs = generate_default_cfgs({f"{name}.{BUNDLED_TAG}": _pretrained_cfg(name) for name in BUNDLED_MODELS})
+
+
+def _create(name: str, pretrained: bool, **kwargs) -> VisionTransformer:
+    return build_model_with_cfg(
+        VisionTransformer,
+        name,
+        pretrained,
+        # timm's ViT filter: resamples pos_embed when img_size differs from the weights'
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=3, feature_cls="getter"),
+        **dict(BUNDLED_MODELS[name], **kwargs),
+    )
 
 
 @register_model
 def vit_fmnist_patch4_28(pretrained: bool = False, **kwargs) -> VisionTransformer:
     """ViT for 28x28 inputs: :data:`MODEL_ARGS`."""
-    return build_model_with_cfg(
-        VisionTransformer,
-        BUNDLED_MODEL,
-        pretrained,
-        # timm's ViT filter: resamples pos_embed when img_size differs from 28
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=3, feature_cls="getter"),
-        **dict(MODEL_ARGS, **kwargs),
-    )
+    return _create(BUNDLED_MODEL, pretrained, **kwargs)
 
 
-def bundled_facts() -> dict:
-    """How the bundled weights were made and what they score (the JSON beside them)."""
-    with open(FACTS_PATH) as f:
+@register_model
+def vit_fmnist_patch32_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT for 224x224 inputs (28 px images upscaled): :data:`MODEL_ARGS_224`."""
+    return _create(BUNDLED_MODEL_224, pretrained, **kwargs)
+
+
+def bundled_facts(name: str = BUNDLED_MODEL) -> dict:
+    """How the bundled weights of ``name`` were made and what they score (the JSON beside them)."""
+    with open(facts_path(name)) as f:
         return json.load(f)

@@ -102,13 +102,16 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    info = _store(args).show(args.name)
+    store = _store(args)
+    info = store.show(args.name)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    if "targets" in info:  # peft's format
-        _print_peft_show(info)
-        return 0
+    _PRINT_SHOW[store.format_of(args.name)](info)
+    return 0
+
+
+def _print_attnft_show(info: dict) -> None:
     tensors = info.pop("tensors")
     labels = info.pop("label_names")
     for key, value in info.items():
@@ -119,7 +122,6 @@ def run_show(args: argparse.Namespace) -> int:
         region = entry.get("region")
         part = f" rows/cols {region['start']}:{region['stop']} of dim {region['dim']}" if region else ""
         print(f"  {name:<40} {str(entry['shape']):<18} {entry['stored']:<6} {entry.get('role') or ''}{part}")
-    return 0
 
 
 def _print_peft_show(info: dict) -> None:
@@ -133,6 +135,9 @@ def _print_peft_show(info: dict) -> None:
     print(f"{'targets':<18} {len(targets)}")
     for name, role in targets.items():
         print(f"  {name:<40} {role}")
+
+
+_PRINT_SHOW = {"attnft": _print_attnft_show, "peft": _print_peft_show}  # by format name
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -179,8 +184,9 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    from .. import hf_export, merge
     from ..errors import AdapterError
-    from ..merge import export_adapter
+    from ..hf_models import is_transformers_name
 
     store = _store(args)
     if store.format_of(args.name) == "peft":
@@ -189,10 +195,11 @@ def run_export(args: argparse.Namespace) -> int:
             "PeftModel.from_pretrained(base, folder) and call merge_and_unload()"
         )
     adapter = store.read(args.name)
-    result = export_adapter(
+    exporter = hf_export if is_transformers_name(adapter.config.model_name) else merge  # save_pretrained's folder, or timm's
+    result = exporter.export_adapter(
         adapter, args.out, base_checkpoint=args.checkpoint, ignore_fingerprint=args.ignore_fingerprint, overwrite=args.overwrite
     )
-    print(f"exported {args.name} to {result.folder}; load it with timm alone:\n")
+    print(f"exported {args.name} to {result.folder}; load it with {getattr(result, 'library', 'timm')} alone:\n")
     print(textwrap.indent(result.load_source(), "    "))
     return 0
 

@@ -1,6 +1,6 @@
 """``attnft eval``: top-1, top-5 and per-class accuracy of a model, or a model plus an adapter, as JSON.
 
-    attnft eval --adapter vit_fmnist_patch4_28-attn-fashion-mnist-56
+    attnft eval --adapter vit_fmnist_patch32_224-attn-fashion-mnist-384
     attnft eval --model vit_small_patch16_384 --dataset cars --data-dir ~/cars --split test --output cars.json
 
 With an adapter, the model, resolution and eval transform default to the adapter's, so the
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     text = strict_json(report, indent=2) + "\n"
     if config.output:
-        from ..runner import write_text_atomically
+        from ..files import write_text_atomically
 
         check_output_file(config.output, config.overwrite)  # still free: another command may have written it
         write_text_atomically(Path(config.output), text, "the evaluation JSON")
@@ -74,31 +74,18 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     from torch.utils.data import DataLoader
 
     from .. import bundled  # noqa: F401  registers the default model in timm
-    from ..adapters import load_adapter, read_adapter
     from ..data import build_transforms, collate_skipping_failures, load_task, quiet_datasets, with_transform
     from ..errors import ConfigError
     from ..evaluate import evaluate
+    from ..formats import find_adapter
     from ..models import create_model, data_config
-    from ..runner import new_accelerator
-    from ..store import AdapterStore, is_peft_folder
+    from ..processes import check_precision, new_accelerator
 
     accelerator = new_accelerator(cpu=cfg.cpu, mixed_precision=cfg.precision)
-    if cfg.precision == "fp16" and accelerator.device.type == "cpu":
-        raise ConfigError("fp16 mixed precision needs a GPU; use --precision bf16 on the CPU")
+    check_precision(cfg.precision, accelerator)
 
-    adapter = peft_path = None
-    if cfg.adapter is not None:
-        store = AdapterStore(cfg.store)
-        path = cfg.adapter if os.path.isdir(cfg.adapter) else store.path(cfg.adapter)
-        if is_peft_folder(path):  # peft's format (lora, ia3): loaded through peft
-            from ..peft_methods import read_peft_adapter
-
-            peft_path, adapter_config = path, read_peft_adapter(path)
-        else:
-            adapter = read_adapter(cfg.adapter) if os.path.isdir(cfg.adapter) else store.read(cfg.adapter)
-            adapter_config = adapter.config
-    else:
-        adapter_config = None
+    found = find_adapter(cfg.adapter, cfg.store) if cfg.adapter is not None else None
+    adapter_config = found.config if found is not None else None
     model_name = cfg.model or (adapter_config.model_name if adapter_config else DEFAULT_MODEL)
     if adapter_config is not None and cfg.res is not None and cfg.res != adapter_config.input_size:
         raise ConfigError(f"adapter {cfg.adapter} was trained at {adapter_config.input_size} px, not {cfg.res}: "
@@ -111,13 +98,10 @@ def evaluate_model(cfg: EvalConfig) -> dict:
             cfg.dataset, data_dir=cfg.data_dir, image_key=cfg.image_key, label_key=cfg.label_key,
             train_split=cfg.split, eval_split=cfg.split, max_eval=_max_eval(cfg), val_fraction=cfg.val_fraction,
         )
-    model = create_model(model_name, checkpoint=cfg.checkpoint, img_size=res)
-    if peft_path is not None:
-        from ..peft_methods import load_peft_adapter
-
-        model = load_peft_adapter(model, peft_path)
-    elif adapter is not None:
-        load_adapter(model, adapter)
+    if found is not None:
+        model = found.model(cfg.model, cfg.checkpoint)  # peft's: the PeftModel wrapping the base
+    else:
+        model = create_model(model_name, checkpoint=cfg.checkpoint, img_size=res)
     if adapter_config is not None:
         data_cfg = dict(adapter_config.data_config)
         if cfg.res is not None or cfg.crop_pct is not None:
@@ -135,7 +119,7 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     result = evaluate(model, loader, task.label_names, accelerator, progress=progress)
     return {
         "model": model_name,
-        "adapter": str(adapter.path) if adapter is not None else str(peft_path) if peft_path is not None else None,
+        "adapter": str(found.path) if found is not None else None,
         "dataset": task.name,
         "source": task.source,
         "split": cfg.split,  # None: the dataset's evaluation split

@@ -1,6 +1,6 @@
 """``attnft finetune``: train what a policy selects, end with an adapter in the store.
 
-    attnft finetune --policy attn --res 56                  # the bundled ViT on Fashion-MNIST at 2x
+    attnft finetune --policy attn --res 384                 # the bundled 224 px ViT on Fashion-MNIST, 224 -> 384 px
     attnft finetune --recipe recipes/deit3_s_224_to_384_attn.yaml --data-dir ~/imagenet
     # DDP on the CPU (gloo), 2 processes: torchrun, or accelerate launch with --multi_gpu (its --cpu, or no
     # --multi_gpu, starts one process whatever --num_processes says; attnft warns when that happens)

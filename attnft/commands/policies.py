@@ -23,33 +23,12 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..methods import parse_method
     from ..models import create_model
-    from ..policy import Policy, apply_policy
 
-    policy = _parse_policy(args.policy)  # fail on a bad policy before building a model
+    method = parse_method(args.policy)  # fail on a bad policy before building a model
     # the role map needs shapes, not weights: never download for a report
     model = create_model(args.model, pretrained=False)
-    if isinstance(policy, Policy):
-        report = apply_policy(model, policy)
-    else:
-        from ..peft_methods import apply_peft_policy
-
-        _, report = apply_peft_policy(model, policy)
+    report = method.apply(model).report
     print(report.to_json() if args.json else report.format_table())
     return 0
-
-
-def _parse_policy(spec: str):
-    """A freezing :class:`attnft.policy.Policy`, or a :class:`attnft.peft_methods.PeftPolicy` for a peft spec."""
-    from ..errors import UnknownPolicyError
-    from ..policy import resolve_policy
-
-    try:
-        return resolve_policy(spec)
-    except UnknownPolicyError:
-        # peft takes seconds to import: only for a spec that is no freezing policy
-        from ..peft_methods import PeftPolicy, is_peft_spec
-
-        if not is_peft_spec(spec):
-            raise
-        return PeftPolicy.parse(spec)

@@ -8,9 +8,9 @@ Example::
     outputs = model(images, tasks=["cars", "pets", "cars"])  # list: one (classes of its task,) tensor per sample
 
 peft adapters (``lora``, ``ia3`` policies) are served by
-:class:`attnft.peft_methods.PeftMultiTask`, which has the same calls: ``from_store`` and
-``from_adapters`` return one when every task is a peft adapter. One base serves one format; a
-set mixing the two is refused.
+:class:`attnft.multitask.peft_serving.PeftMultiTask`, which has the same calls (both are a
+:class:`attnft.multitask.serving.TaskServer`): ``from_store`` and ``from_adapters`` return one
+when every task is a peft adapter. One base serves one format; a set mixing the two is refused.
 
 Threads. A forward call (``model(x, task=...)``, ``model(x, tasks=...)``, and ``model(x)``
 after ``set_task``) mutates nothing shared: the task of a call is resolved once when it
@@ -23,27 +23,28 @@ a process-wide default: threads that serve different tasks should pass ``task=``
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
 from ..adapters import Adapter, compute_fingerprint, current_input_size, read_adapter
-from ..errors import AdapterError, BaseMismatchError, ConfigError
+from ..errors import AdapterError, BaseMismatchError
+from ..peft_methods.sidecar import PeftAdapterInfo, is_peft_adapter
 from ..roles import RoleMap, build_role_map
-from ..store import is_peft_folder
 from . import routing
 from .routing import Group, Route
+from .serving import TaskServer
 from .slots import SlotMap, find_slots
 from .tasks import ServedTask, TaskWeights, build_served_task
 
 if TYPE_CHECKING:
-    from ..peft_methods import PeftMultiTask
+    from .peft_serving import PeftMultiTask
 
 TaskSource = Union[TaskWeights, Adapter, str, os.PathLike, Mapping[str, torch.Tensor]]
 
 
-class MultiTaskModel:
+class MultiTaskModel(TaskServer[ServedTask]):
     """Serve many tasks from one base model: patch embedding and FFN shared, attention, position
     embedding and head per task.
 
@@ -54,12 +55,11 @@ class MultiTaskModel:
     """
 
     def __init__(self, base_model: nn.Module, *, role_map: Optional[RoleMap] = None):
+        super().__init__()
         self.base = base_model.eval().requires_grad_(False)
         self.role_map = role_map or build_role_map(base_model)
         self.slots: SlotMap = find_slots(base_model, self.role_map)
         routing.install(base_model, self.slots)
-        self._tasks: dict[str, ServedTask] = {}
-        self._default: Optional[str] = None
         self._fingerprint: Optional[str] = None
 
     # --- building -----------------------------------------------------------------------
@@ -69,12 +69,12 @@ class MultiTaskModel:
         """Serve each ``name -> adapter`` (an Adapter, an adapter folder, or TaskWeights) on ``base_model``.
 
         When every adapter is a peft adapter (a folder, or its PeftAdapterInfo), a
-        :class:`attnft.peft_methods.PeftMultiTask` serves them; a mix of formats is an AdapterError.
+        :class:`attnft.multitask.peft_serving.PeftMultiTask` serves them; a mix of formats is an AdapterError.
         """
         peft_tasks = [name for name, source in adapters.items() if _is_peft_source(source)]
         if peft_tasks:
             _refuse_mixed_formats(peft_tasks, list(adapters))
-            from ..peft_methods import PeftMultiTask
+            from .peft_serving import PeftMultiTask  # imports peft
 
             folders = {name: s if isinstance(s, (str, os.PathLike)) else s.path for name, s in adapters.items()}
             return PeftMultiTask.from_adapters(base_model, folders)
@@ -87,14 +87,14 @@ class MultiTaskModel:
     def from_store(cls, store, names: Iterable[str], *, base_model: nn.Module) -> Union["MultiTaskModel", "PeftMultiTask"]:
         """Serve the adapters ``names`` of an :class:`attnft.store.AdapterStore` on ``base_model``.
 
-        When every one is a peft adapter, a :class:`attnft.peft_methods.PeftMultiTask` (same
+        When every one is a peft adapter, a :class:`attnft.multitask.peft_serving.PeftMultiTask` (same
         calls) serves them; a mix of formats is an AdapterError.
         """
         names = list(names)
         peft_tasks = [name for name in names if store.format_of(name) == "peft"]
         if peft_tasks:
             _refuse_mixed_formats(peft_tasks, names)
-            from ..peft_methods import PeftMultiTask
+            from .peft_serving import PeftMultiTask  # imports peft
 
             return PeftMultiTask.from_store(store, names, base_model=base_model)
         return cls.from_adapters(base_model, {name: store.read(name) for name in names})
@@ -112,10 +112,7 @@ class MultiTaskModel:
         Raises BaseMismatchError if the adapter was trained on another base, AdapterError if it
         trains weights that tasks share (FFN, norms, patch embedding) or does not fit.
         """
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"a task name must be a non-empty string, not {name!r}")
-        if name in self._tasks:
-            raise ConfigError(f"task {name!r} is already served: remove it first")
+        self._check_new_task(name)
         weights = self._task_weights(name, source)
         if weights.base_fingerprint is not None and weights.base_fingerprint != self.base_fingerprint:
             raise BaseMismatchError(
@@ -146,80 +143,17 @@ class MultiTaskModel:
             return TaskWeights(dict(source))
         raise TypeError(f"cannot serve a task from {type(source).__name__}")
 
-    def remove_task(self, name: str) -> None:
-        """Stop serving ``name`` and free its tensors (calls already running finish with it)."""
-        self._served(name)
-        del self._tasks[name]
-        if self._default == name:
-            self._default = None
-
-    def set_task(self, name: Optional[str]) -> None:
-        """The task of calls that name none (None: calls must name one). Copies nothing."""
-        if name is not None:
-            self._served(name)
-        self._default = name
-
-    @property
-    def task(self) -> Optional[str]:
-        """The task of calls that name none."""
-        return self._default
-
-    @property
-    def tasks(self) -> list[str]:
-        """Names of the served tasks, in the order they were added."""
-        return list(self._tasks)
-
-    def num_classes(self, task: str) -> int:
-        return self._served(task).num_classes
-
-    def label_names(self, task: str) -> Optional[list[str]]:
-        return self._served(task).label_names
-
-    def _served(self, name: str) -> ServedTask:
-        try:
-            return self._tasks[name]
-        except KeyError:
-            served = ", ".join(self._tasks) or "none"
-            raise ConfigError(f"unknown task {name!r}: served tasks are {served}") from None
-
     # --- serving ------------------------------------------------------------------------
 
-    def __call__(self, x: torch.Tensor, task: Optional[str] = None, tasks: Optional[Sequence[str]] = None):
-        """``tasks`` given: :meth:`forward_mixed` (a list); else :meth:`forward` (a tensor)."""
-        if tasks is not None:
-            if task is not None:
-                raise ConfigError("pass task= (one task for the batch) or tasks= (one per sample), not both")
-            return self.forward_mixed(x, tasks)
-        return self.forward(x, task)
-
-    @torch.inference_mode()
-    def forward(self, x: torch.Tensor, task: Optional[str] = None) -> torch.Tensor:
-        """Logits (B, classes of ``task``) of a batch that is all one task (None: the one set with set_task)."""
-        name = task if task is not None else self._default
-        if name is None:
-            if not self._tasks:
-                raise ConfigError("no task is served: add_task() first")
-            raise ConfigError(f"name a task (task=...) or set_task(...): served tasks are {', '.join(self._tasks)}")
-        with routing.routed(Route.single(self._served(name), x.shape[0])):
+    def _forward(self, x: torch.Tensor, name: str, task: ServedTask) -> torch.Tensor:
+        with routing.routed(Route.single(task, x.shape[0])):
             return self.base(x)
 
-    @torch.inference_mode()
-    def forward_mixed(self, x: torch.Tensor, tasks: Sequence[str]) -> list[torch.Tensor]:
-        """Logits of a batch mixing tasks: ``tasks[i]`` serves sample ``i``.
-
-        Returns a list of B tensors in sample order, sample ``i``'s of shape (classes of
-        ``tasks[i]``,); stack them when all tasks have as many classes. The batch is sorted by
-        task once; patch embedding and FFN run once over it, attention once per task group.
-        """
-        if isinstance(tasks, str) or len(tasks) != x.shape[0]:
-            raise ConfigError(f"tasks= needs one task name per sample: {x.shape[0]} samples, got {tasks!r}")
-        positions: dict[str, list[int]] = {}
+    def _forward_mixed(self, x: torch.Tensor, tasks: list[str], served: dict[str, ServedTask]) -> list[torch.Tensor]:
+        """The batch is sorted by task once; patch embedding and FFN run once over it, attention once per task group."""
+        positions: dict[str, list[int]] = {name: [] for name in served}
         for i, name in enumerate(tasks):
-            positions.setdefault(name, []).append(i)
-        served = {name: self._served(name) for name in positions}
-        if len(served) == 1:
-            return list(self.forward(x, tasks[0]).unbind(0))
-
+            positions[name].append(i)
         order = [i for indices in positions.values() for i in indices]
         groups, start = [], 0
         for name, indices in positions.items():
@@ -260,11 +194,7 @@ class MultiTaskModel:
 def _is_peft_source(source: TaskSource) -> bool:
     """Whether ``source`` is a peft adapter: a folder with attnft's sidecar, or its PeftAdapterInfo."""
     if isinstance(source, (str, os.PathLike)):
-        return is_peft_folder(source)
-    if isinstance(source, (TaskWeights, Adapter, Mapping)):
-        return False
-    from ..peft_methods import PeftAdapterInfo  # loaded already if such an object exists
-
+        return is_peft_adapter(source)
     return isinstance(source, PeftAdapterInfo)
 
 

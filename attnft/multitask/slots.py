@@ -15,7 +15,7 @@ from typing import Optional
 from torch import nn
 
 from ..errors import AdapterError, ConfigError, NoAttentionError
-from ..roles import HEAD_NAMES, POS_EMBED_CLASSES, Role, RoleMap, is_attention_module
+from ..roles import Role, RoleMap, split_last
 
 
 class SlotKind(str, Enum):
@@ -48,11 +48,11 @@ class Slot:
     @property
     def owner(self) -> str:
         """Path of the module holding this slot as an attribute ('' = the root)."""
-        return self.path.rpartition(".")[0]
+        return split_last(self.path)[0]
 
     @property
     def attr(self) -> str:
-        return self.path.rpartition(".")[2]
+        return split_last(self.path)[1]
 
     def relative(self, param_name: str) -> str:
         """A parameter's name inside this slot's module ('' for a tensor slot)."""
@@ -74,9 +74,9 @@ class SlotMap:
         """The slot of ``param_name``; AdapterError for a weight every task must share."""
         if param_name in self.by_param:
             return self.by_param[param_name]
-        top = param_name.split(".", 1)[0]
-        if top in self.empty_heads:
-            return self.empty_heads[top]  # a classifier the base was built without
+        head = role_map.head_of(param_name)
+        if head in self.empty_heads:
+            return self.empty_heads[head]  # a classifier the base was built without
         if param_name not in role_map.names():
             raise AdapterError(f"{param_name} is not a parameter of the base model {role_map.model_name}")
         role = role_map.of(param_name)[0].role
@@ -103,37 +103,26 @@ def find_slots(model: nn.Module, role_map: RoleMap) -> SlotMap:
         entry = role_map.of(name)[0]
         if entry.role not in SERVED_ROLES:
             continue
-        slot = _slot_of(model, name, entry.role, entry.block, role_map.model_name)
+        slot = _slot_of(role_map, name, entry.role, entry.block)
         slots.setdefault(slot.path, slot)
         by_param[name] = slots[slot.path]
     empty_heads = {
-        attr: Slot(attr, SlotKind.HEAD, False)
-        for attr, child in model.named_children()
-        if attr in HEAD_NAMES and isinstance(child, nn.Identity)
+        path: Slot(path, SlotKind.HEAD, False)
+        for path in role_map.head_modules()
+        if isinstance(model.get_submodule(path), nn.Identity)
     }
     return SlotMap(list(slots.values()), by_param, empty_heads)
 
 
-def _slot_of(model: nn.Module, name: str, role: Role, block: Optional[int], model_name: str) -> Slot:
-    parts = name.split(".")
+def _slot_of(role_map: RoleMap, name: str, role: Role, block: Optional[int]) -> Slot:
+    owner = role_map.claiming_module(name)  # the outermost module whose class gave the role
     if role == Role.ATTENTION:
-        path = _outermost(model, parts, is_attention_module)
-        if path is None:
-            raise ConfigError(f"{model_name}: attention weight {name} is not inside an attention module")
-        return Slot(path, SlotKind.BLOCK_ATTENTION if block is not None else SlotKind.SHARED_ATTENTION, False)
+        if owner is None:
+            raise ConfigError(f"{role_map.model_name}: attention weight {name} is not inside an attention module")
+        return Slot(owner, SlotKind.BLOCK_ATTENTION if block is not None else SlotKind.SHARED_ATTENTION, False)
     if role == Role.HEAD:
-        # heads are top-level attributes (head, head_dist, attn_pool, fc_norm)
-        return Slot(parts[0], SlotKind.HEAD, len(parts) == 1)
-    path = _outermost(model, parts, lambda m: type(m).__name__ in POS_EMBED_CLASSES)
-    if path is not None:
-        return Slot(path, SlotKind.POS_EMBED_MODULE, False)
+        # heads are top-level modules (head, head_dist, attn_pool, fc_norm)
+        return Slot(owner or name, SlotKind.HEAD, owner is None)
+    if owner is not None:  # a module computing the position embedding (XCiT)
+        return Slot(owner, SlotKind.POS_EMBED_MODULE, False)
     return Slot(name, SlotKind.SAMPLE_TENSOR, True)
-
-
-def _outermost(model: nn.Module, parts: list[str], matches) -> Optional[str]:
-    """The shortest module path along ``parts`` whose module ``matches``."""
-    for i in range(1, len(parts)):
-        path = ".".join(parts[:i])
-        if matches(model.get_submodule(path)):
-            return path
-    return None

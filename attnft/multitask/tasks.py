@@ -17,7 +17,7 @@ from torch import nn
 from ..adapters import Adapter
 from ..errors import AdapterError
 from ..policy import PolicyReport
-from ..roles import Role, RoleMap
+from ..roles import Role, RoleMap, is_weight, split_first
 from .slots import Slot, SlotKind, SlotMap
 
 
@@ -121,12 +121,14 @@ def clone_with(module: nn.Module, tensors: Mapping[str, torch.Tensor]) -> nn.Mod
     their buffers, their hooks and every untouched child are the base's own objects.
     """
     clone = copy.copy(module)  # shallow: attribute values are shared, the three dicts below too
-    own = {key: value for key, value in tensors.items() if "." not in key}
+    own: dict[str, torch.Tensor] = {}
     children: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
-        if "." in key:
-            child, _, rest = key.partition(".")
+        child, rest = split_first(key)
+        if rest:
             children.setdefault(child, {})[rest] = value
+        else:
+            own[key] = value
     unknown = [key for key in own if key not in module._parameters] + [c for c in children if c not in module._modules]
     if unknown:
         raise AdapterError(f"{type(module).__name__} has no parameter {unknown[0]}")
@@ -145,7 +147,7 @@ def clone_with(module: nn.Module, tensors: Mapping[str, torch.Tensor]) -> nn.Mod
 def _num_classes(weights: TaskWeights, base_params: dict[str, torch.Tensor], role_map: RoleMap) -> int:
     """Classes of the task's head: the rows of its last head weight (the base's if it brings none)."""
     head_names = role_map.names_with_role(Role.HEAD) + [n for n in weights.tensors if n not in base_params]
-    head_weights = [n for n in head_names if n.endswith("weight") and weights.tensors.get(n, base_params.get(n)).ndim == 2]
+    head_weights = [n for n in head_names if is_weight(n) and weights.tensors.get(n, base_params.get(n)).ndim == 2]
     if not head_weights:
         return 0
     last = head_weights[-1]

@@ -1,0 +1,139 @@
+"""``adapter_config.json`` and an adapter in memory: what was trained, on which base, at which size."""
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..errors import AdapterError
+from ..roles import Region
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+CARD_FILE = "README.md"
+FORMAT = "attnft-adapter"
+FORMAT_VERSION = 1
+MODES = ("exact", "delta")
+DELTA_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class AdapterConfig:
+    """``adapter_config.json``: everything needed to check an adapter fits a model and to use it."""
+
+    model_name: str  # as timm.create_model takes it
+    timm_version: str
+    attnft_version: str
+    policy: str  # the policy spec, e.g. "attn"
+    input_size: int  # pixels (square side) the adapter was trained at
+    num_classes: int
+    label_names: Optional[list[str]]
+    data_config: dict  # mean, std, crop_pct, crop_mode, interpolation, input_size
+    dtype: str  # dtype of the trained parameters, e.g. "float32"
+    mode: str  # "exact" | "delta"
+    delta_dtype: Optional[str]  # "float16" | "bfloat16" in delta mode
+    base_fingerprint: str  # compute_fingerprint(base) before training
+    # name -> {"shape": full parameter shape, "region": {dim, start, stop} | None,
+    #          "stored": "exact" | "delta", "role": role of the trained part}
+    tensors: dict
+    model_args: dict = field(default_factory=dict)  # timm reconstruction kwargs (embed_dim, ...), JSON-able ones
+    base_model_id: Optional[str] = None  # hub repo of the base weights, when known
+    weights_sha256: str = ""
+    weights_bytes: int = 0
+    trained_params: int = 0
+    created: str = ""  # ISO 8601, UTC
+    training: dict = field(default_factory=dict)  # how it was trained: dataset, accuracy, distillation, ...
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "adapter_config.json") -> "AdapterConfig":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise AdapterError(f"{source} is not an attnft adapter config (no \"format\": \"{FORMAT}\")")
+        if data.get("format_version", 0) > FORMAT_VERSION:
+            raise AdapterError(f"{source} has format version {data['format_version']}; this attnft reads up to {FORMAT_VERSION}: upgrade attnft")
+        known = {f.name for f in fields(cls)}
+        required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+        missing = sorted(required - set(data))
+        if missing:
+            raise AdapterError(f"{source} lacks {', '.join(missing)}")
+        config = cls(**{k: v for k, v in data.items() if k in known})
+        if config.mode not in MODES or (config.mode == "delta" and config.delta_dtype not in DELTA_DTYPES):
+            raise AdapterError(f"{source}: unknown storage mode {config.mode!r} / {config.delta_dtype!r}")
+        if not isinstance(config.tensors, dict) or not all(_valid_entry(e) for e in config.tensors.values()):
+            raise AdapterError(f"{source}: malformed \"tensors\" (each needs shape, region and stored)")
+        return config
+
+    @property
+    def regions(self) -> dict[str, Optional[Region]]:
+        return {name: region_from_json(entry.get("region")) for name, entry in self.tensors.items()}
+
+
+def _valid_entry(entry) -> bool:
+    try:
+        region = region_from_json(entry["region"])
+        shape = [int(n) for n in entry["shape"]]
+    except (KeyError, TypeError, ValueError):
+        return False
+    in_range = region is None or (0 <= region.dim < len(shape) and 0 <= region.start < region.stop <= shape[region.dim])
+    return entry.get("stored") in ("exact", "delta") and in_range
+
+
+def region_from_json(data: Optional[dict]) -> Optional[Region]:
+    return None if data is None else Region(int(data["dim"]), int(data["start"]), int(data["stop"]))
+
+
+def region_to_json(region: Optional[Region]) -> Optional[dict]:
+    return None if region is None else {"dim": region.dim, "start": region.start, "stop": region.stop}
+
+
+def stored_shape(entry: dict) -> list[int]:
+    shape = list(entry["shape"])
+    region = region_from_json(entry.get("region"))
+    if region is not None:
+        shape[region.dim] = region.stop - region.start
+    return shape
+
+
+# --- the adapter in memory -------------------------------------------------------------------
+
+
+@dataclass
+class Adapter:
+    """An adapter read from disk: its config and its tensors as stored (values, or deltas)."""
+
+    config: AdapterConfig
+    tensors: dict[str, torch.Tensor]
+    path: Optional[Path] = None
+
+    @property
+    def regions(self) -> dict[str, Optional[Region]]:
+        return self.config.regions
+
+    def trained_values(self, base_model: nn.Module) -> dict[str, torch.Tensor]:
+        """The trained part of each tensor, deltas added to ``base_model``'s values (in float32, cast back)."""
+        params = dict(base_model.named_parameters())
+        values = {}
+        for name, entry in self.config.tensors.items():
+            stored = self.tensors[name]
+            if entry["stored"] == "exact":
+                values[name] = stored
+                continue
+            param = params[name].detach()
+            region = region_from_json(entry.get("region"))
+            start = param if region is None else param[region.index(param.ndim)]
+            values[name] = (start.float() + stored.to(start.device).float()).to(param.dtype)
+        return values
+
+    def __repr__(self) -> str:
+        return f"Adapter({self.config.model_name}, policy={self.config.policy}, {len(self.tensors)} tensors, mode={self.config.mode})"

@@ -1,0 +1,148 @@
+"""Reading and checking an adapter folder: header, size and sha256 against the config before any tensor is
+parsed, then every value finite. Tensors come from safetensors; nothing is unpickled."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping, Optional
+
+import torch
+
+from ..errors import AdapterError
+from ..files import PathLike, sha256_file
+from ..roles import Role, is_weight
+from .config import CONFIG_FILE, WEIGHTS_FILE, Adapter, AdapterConfig, stored_shape
+
+
+def read_config(path: PathLike) -> AdapterConfig:
+    """The config of the adapter folder ``path``; AdapterError if it is missing or unreadable."""
+    path = Path(path)
+    config_file = path / CONFIG_FILE
+    if not path.is_dir():
+        raise AdapterError(f"no adapter folder at {path}")
+    if not config_file.is_file():
+        raise AdapterError(f"{path} has no {CONFIG_FILE}: not an adapter, or an incomplete copy")
+    try:
+        data = json.loads(config_file.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise AdapterError(f"{config_file} is not valid JSON ({e})") from None
+    return AdapterConfig.from_dict(data, source=str(config_file))
+
+
+def verify_adapter(path: PathLike) -> AdapterConfig:
+    """Check an adapter folder against its config: size, safetensors layout, tensor names, shapes and dtypes,
+    sha256, classes against the head's rows, every value finite. AdapterError naming what is off."""
+    return _read_verified(Path(path), keep=False)[0]
+
+
+def read_adapter(path: PathLike) -> Adapter:
+    """Read and verify an adapter folder (as :func:`verify_adapter`). Tensors come from safetensors; nothing is unpickled."""
+    path = Path(path)
+    config, tensors = _read_verified(path, keep=True)
+    return Adapter(config=config, tensors=tensors, path=path)
+
+
+def _read_verified(path: Path, keep: bool) -> tuple[AdapterConfig, dict[str, torch.Tensor]]:
+    """Every check of :func:`verify_adapter`, cheapest first; the tensors too if ``keep``."""
+    config = read_config(path)
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise AdapterError(f"{path} has no {WEIGHTS_FILE}")
+    size = weights.stat().st_size
+    if config.weights_bytes and size != config.weights_bytes:
+        raise AdapterError(f"{weights} has {size} bytes, its config says {config.weights_bytes}: truncated or replaced")
+    header = safetensors_header(weights)
+    _check_header_matches_config(header, config, weights)
+    if sha256_file(weights) != config.weights_sha256:
+        raise AdapterError(f"{weights} does not match the sha256 in its config: the file is corrupted or was replaced")
+    head = {name: header[name]["shape"] for name, entry in config.tensors.items() if entry.get("role") == str(Role.HEAD)}
+    check_num_classes(head, config.num_classes, str(path / CONFIG_FILE))
+    if config.label_names is not None and len(config.label_names) != config.num_classes:
+        raise AdapterError(f"{path / CONFIG_FILE} has {len(config.label_names)} label names for {config.num_classes} classes")
+    return config, check_finite_file(weights, keep=keep)
+
+
+def safetensors_header(weights: Path) -> dict[str, dict]:
+    """name -> {"dtype": "F32", "shape": [...]} of a safetensors file, read without its data.
+
+    ``safe_open`` refuses a header that is not JSON, offsets that do not fit the shapes, and a
+    file that is shorter or longer than its header says; that is one AdapterError here.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            slices = {name: f.get_slice(name) for name in f.keys()}
+            return {name: {"dtype": s.get_dtype(), "shape": list(s.get_shape())} for name, s in slices.items()}
+    except SafetensorError as e:
+        detail = str(e).removeprefix("Error while deserializing header: ")
+        raise AdapterError(f"{weights} has a corrupted header ({detail})") from None
+
+
+def check_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    """AdapterError naming the first tensor that holds NaN or inf, before ``what`` is saved."""
+    for name, tensor in tensors.items():
+        bad = _nonfinite_count(tensor)
+        if bad:
+            raise AdapterError(
+                f"refusing to save {what}: {name} holds {bad} NaN/inf values of {tensor.numel()} "
+                "(did training diverge? try a lower learning rate); nothing was written"
+            )
+
+
+def check_finite_file(weights: Path, *, keep: bool = False) -> dict[str, torch.Tensor]:
+    """AdapterError naming the first tensor of ``weights`` that holds NaN or inf; the tensors if ``keep``.
+
+    One tensor is in memory at a time unless ``keep``.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    kept = {}
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            for name in f.keys():
+                tensor = f.get_tensor(name)
+                bad = _nonfinite_count(tensor)
+                if bad:
+                    raise AdapterError(f"{weights}: {name} holds {bad} NaN/inf values of {tensor.numel()}: the adapter is broken")
+                if keep:
+                    kept[name] = tensor
+    except SafetensorError as e:
+        raise AdapterError(f"{weights} cannot be read: {e}") from None
+    return kept
+
+
+def _nonfinite_count(tensor: torch.Tensor) -> int:
+    if not (tensor.is_floating_point() or tensor.is_complex()):
+        return 0
+    return int((~torch.isfinite(tensor.detach())).sum())
+
+
+def check_num_classes(head_shapes: Mapping[str, list], num_classes: Optional[int], where: str) -> None:
+    """AdapterError if no stored head matrix has ``num_classes`` rows (``head_shapes``: the head's tensors -> shape).
+
+    A head may hold more than one matrix (e.g. a pre-logits layer before the classifier), so
+    one of them must have that many rows; an adapter without a head weight is not checked.
+    """
+    heads = {name: list(shape) for name, shape in head_shapes.items() if is_weight(name) and len(shape) >= 2}
+    if num_classes is None or not heads or any(shape[0] == num_classes for shape in heads.values()):
+        return
+    name, shape = next(iter(heads.items()))
+    raise AdapterError(f"{where} says {num_classes} classes, but the stored head {name} has {shape[0]} rows: the config does not fit its weights")
+
+
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def _check_header_matches_config(header: dict, config: AdapterConfig, weights: Path) -> None:
+    missing = sorted(set(config.tensors) - set(header))
+    extra = sorted(set(header) - set(config.tensors))
+    if missing or extra:
+        raise AdapterError(f"{weights} does not hold the tensors its config lists (missing {missing[:3]}, extra {extra[:3]})")
+    for name, entry in config.tensors.items():
+        info = header[name]
+        expected_dtype = config.delta_dtype if entry["stored"] == "delta" else config.dtype
+        if list(info["shape"]) != stored_shape(entry) or _SAFETENSORS_DTYPES.get(info["dtype"]) != expected_dtype:
+            raise AdapterError(
+                f"{weights}: {name} is {info['dtype']}{info['shape']}, its config says {expected_dtype}{stored_shape(entry)}"
+            )

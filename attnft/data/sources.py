@@ -1,0 +1,248 @@
+"""Where a task's images come from: presets, local folders and copies, the hub — each read into undecoded rows.
+
+:func:`attnft.data.loading.load_task` picks the source and finishes what each gives here (columns,
+hold-out, subsets) the same way for all.
+"""
+import os
+from dataclasses import dataclass
+
+import datasets
+from datasets import Dataset, DatasetDict
+from datasets.data_files import SPLIT_KEYWORDS
+from datasets.packaged_modules.imagefolder.imagefolder import IMAGE_EXTENSIONS
+
+from ..errors import DataError
+from . import fashion_mnist, inaturalist
+from .images import ArrayRows
+from .presets import FASHION_MNIST, HUB, INAT_FOLDERS, INAT_JSON, PRESETS, DatasetPreset
+
+# looked for, in this order, when no eval split is named
+EVAL_SPLIT_CANDIDATES = ("validation", "val", "test", "valid", "eval")
+# files that mark a local copy of a hub repo (read by `datasets` like the hub would)
+_DATA_FILE_EXTENSIONS = (".parquet", ".arrow", ".csv", ".json", ".jsonl", ".tar")
+_IMAGE_EXTENSIONS = frozenset(IMAGE_EXTENSIONS)
+_SPLIT_FOLDER_NAMES = frozenset(name for names in SPLIT_KEYWORDS.values() for name in names)
+
+
+
+@dataclass
+class Loaded:
+    """Rows of both splits, not yet checked for columns or wrapped."""
+
+    source: str
+    train: object  # datasets.Dataset | datasets.IterableDataset | ArrayRows
+    eval: object  # None: the source has no evaluation split, one is held out of train
+    train_split: str
+    eval_split: str | None
+    label_names: list[str] | None = None  # known up front for non-hub layouts
+    data_files: dict | None = None  # split -> its files, for sources `datasets` reads from files
+
+
+# ---- presets ------------------------------------------------------------------------------------
+
+def load_preset(preset: DatasetPreset, data_dir, train_split, eval_split, streaming) -> Loaded:
+    if preset.layout == FASHION_MNIST:
+        return _load_fashion_mnist(preset, data_dir, train_split, eval_split)
+    if preset.layout in (INAT_JSON, INAT_FOLDERS):
+        if data_dir is None:
+            raise DataError(f"{preset.title} is read from a local copy: pass --data-dir ({preset.notes})")
+        if preset.layout == INAT_JSON:
+            return _load_inat_json(preset, data_dir, train_split, eval_split, streaming)
+        return _load_inat_folders(preset, data_dir, train_split, eval_split, streaming)
+    if preset.layout == HUB:
+        if data_dir is not None:
+            return load_local(data_dir, train_split, eval_split, streaming)
+        return load_hub(preset.hub_id, f"hub {preset.hub_id}", train_split, eval_split, streaming)
+    raise ValueError(f"preset {preset.name} has unknown layout {preset.layout!r}")
+
+
+def _load_fashion_mnist(preset, data_dir, train_split, eval_split) -> Loaded:
+    arrays = {}
+    for split in (train_split, eval_split):
+        if split not in fashion_mnist.SPLIT_FILES:
+            raise DataError(f"split {split!r} not found in Fashion-MNIST; splits: {', '.join(fashion_mnist.SPLIT_FILES)}")
+        arrays[split] = ArrayRows(*fashion_mnist.read_fashion_mnist(split, root=data_dir))
+    directory = fashion_mnist.fashion_mnist_source(data_dir)
+    return Loaded(f"Fashion-MNIST {directory}", arrays[train_split], arrays[eval_split],
+                   train_split, eval_split, label_names=list(fashion_mnist.LABEL_NAMES))
+
+
+def _load_inat_json(preset, root, train_split, eval_split, streaming) -> Loaded:
+    category_ids, names = inaturalist.inat_json_categories(root, train_split)
+    splits = [inaturalist.inat_json_split(root, split, category_ids, names) for split in (train_split, eval_split)]
+    if streaming:
+        splits = [split.to_iterable_dataset(num_shards=_shards(split)) for split in splits]
+    return Loaded(f"{preset.title} {root}", splits[0], splits[1], train_split, eval_split)
+
+
+def _load_inat_folders(preset, root, train_split, eval_split, streaming) -> Loaded:
+    classes = inaturalist.inat_folder_classes(root, train_split)
+    splits = [inaturalist.inat_folder_split(root, split, classes, streaming) for split in (train_split, eval_split)]
+    return Loaded(f"{preset.title} {root}", splits[0], splits[1], train_split, eval_split)
+
+
+def _shards(dataset: Dataset) -> int:
+    # enough shards for DataLoader workers to share, none smaller than ~1k rows
+    return max(1, min(64, len(dataset) // 1024))
+
+
+# ---- local directories and the hub --------------------------------------------------------------
+
+def looks_like_path(name: str) -> bool:
+    return name.startswith((".", "~")) or "/" in name or os.sep in name
+
+
+def is_hub_id(name: str) -> bool:
+    """``owner/name``: one slash, nothing that starts a path."""
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
+
+
+def _local_kind(directory: str) -> str:
+    """"saved" (save_to_disk), "images" (an image folder), "files" (data files) or "empty"."""
+    if any(os.path.isfile(os.path.join(directory, marker)) for marker in ("dataset_dict.json", "state.json")):
+        return "saved"
+    for _, _, files in os.walk(directory):
+        for file in files:
+            extension = os.path.splitext(file)[1].lower()
+            if extension in _IMAGE_EXTENSIONS:
+                return "images"
+            if extension in _DATA_FILE_EXTENSIONS:
+                return "files"
+    return "empty"
+
+
+def load_local(directory: str, train_split, eval_split, streaming) -> Loaded:
+    kind = _local_kind(directory)
+    if kind == "saved":
+        return _load_saved(directory, train_split, eval_split, streaming)
+    if kind == "files":
+        return load_hub(directory, f"local copy {directory}", train_split, eval_split, streaming)
+    if kind == "images":
+        _check_file_names(directory)
+        loaded = load_hub("imagefolder", f"image folder {directory}", train_split, eval_split, streaming,
+                          data_dir=directory)
+        # imagefolder names classes after the images' folders, and only when there are two or more
+        classes = {split: {os.path.basename(os.path.dirname(str(f))) for f in files}
+                   for split, files in (loaded.data_files or {}).items()}
+        features = loaded.train.features or {}
+        if "label" not in features or set(features["label"].names) <= _SPLIT_FOLDER_NAMES:
+            found = set().union(*classes.values()) - _SPLIT_FOLDER_NAMES
+            if len(found) == 1:
+                raise DataError(f"{directory} has only one class ({found.pop()!r}): a classifier needs two class "
+                                f"folders or more, as in train/<class>/ and val/<class>/")
+            raise DataError(f"{directory} has images but no class folders: put them in "
+                            f"train/<class>/ and val/<class>/ (or test/<class>/), two classes or more")
+        _check_same_classes(classes, loaded.train_split, loaded.eval_split, directory)
+        return loaded
+    raise DataError(f"no images in {directory}: expected train/ and val/ (or test/) folders, "
+                    f"each holding one folder of images per class")
+
+
+def _check_file_names(directory: str) -> None:
+    """DataError naming the first file or folder under ``directory`` whose name is not UTF-8 (``datasets`` needs it)."""
+    for root, folders, files in os.walk(directory):
+        for name in folders + files:
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:  # os.fsdecode turned the bytes that are not UTF-8 into surrogates
+                raw = os.fsencode(os.path.join(root, name))
+                raise DataError(f"the name {raw!r} in {directory} is not UTF-8, which `datasets` needs: rename it "
+                                f"(e.g. convmv -r -f latin1 -t utf-8 --notest {directory})") from None
+
+
+def _check_same_classes(classes: dict, train_split: str, eval_split: str | None, directory: str) -> None:
+    """DataError naming a class folder that one side (train or eval) has and the other lacks."""
+    if eval_split is None:
+        return
+    sides = {}
+    for side, split in (("train", train_split), ("eval", eval_split)):
+        sides[side] = set().union(*(classes.get(part, set()) for part in split.split("+")))
+    for side, other in (("train", "eval"), ("eval", "train")):
+        missing = sorted(sides[side] - sides[other])
+        if missing:
+            split = {"train": train_split, "eval": eval_split}
+            raise DataError(f"class {missing[0]!r} of image folder {directory} is in {split[side]} but not in "
+                            f"{split[other]}" + (f" ({len(missing) - 1} more)" if len(missing) > 1 else "")
+                            + ": both need the same class folders")
+
+
+def _load_saved(directory: str, train_split, eval_split, streaming) -> Loaded:
+    try:
+        saved = datasets.load_from_disk(directory)
+    except (OSError, ValueError) as error:
+        raise DataError(f"cannot read the saved dataset {directory}: {error}") from None
+    if isinstance(saved, Dataset):  # a single split saved on its own
+        saved = DatasetDict({"train": saved})
+    train_split, eval_split = _resolve_splits(list(saved), train_split, eval_split, f"saved dataset {directory}")
+    splits = [_concatenate([saved[part] for part in split.split("+")]) if split else None
+              for split in (train_split, eval_split)]
+    if streaming:
+        splits = [split.to_iterable_dataset(num_shards=_shards(split)) if split else None for split in splits]
+    return Loaded(f"saved dataset {directory}", splits[0], splits[1], train_split, eval_split)
+
+
+def load_hub(path: str, source: str, train_split, eval_split, streaming, data_dir: str | None = None) -> Loaded:
+    """Through ``datasets``' builders; only the files of the requested splits are fetched and prepared."""
+    try:
+        builder = datasets.load_dataset_builder(path, data_dir=data_dir)
+        available = [str(split) for split in (builder.config.data_files or builder.info.splits or {})]
+        train_split, eval_split = _resolve_splits(available, train_split, eval_split, source)
+        needed = {part for split in (train_split, eval_split) if split for part in split.split("+")}
+        data_files = None
+        if builder.config.data_files:
+            data_files = {split: list(files) for split, files in builder.config.data_files.items() if str(split) in needed}
+        loaded = datasets.load_dataset(path, data_files=data_files, streaming=streaming)
+    except ConnectionError as error:
+        raise _hub_error(path, source, error) from None
+    except datasets.exceptions.DatasetNotFoundError:
+        raise DataError(f"dataset {path!r} not found on the hub (nor as a local directory); "
+                        f"presets: {', '.join(PRESETS)}") from None
+    except FileNotFoundError as error:
+        raise DataError(f"no data files for {source}: {error}") from None
+    except datasets.exceptions.DatasetGenerationError as error:
+        raise DataError(f"cannot prepare {source}: {error.__cause__ or error}") from None
+    splits = [_concatenate([loaded[part] for part in split.split("+")]) if split else None
+              for split in (train_split, eval_split)]
+    return Loaded(source, splits[0], splits[1], train_split, eval_split, data_files=data_files)
+
+
+def _hub_error(path: str, source: str, error: Exception) -> DataError:
+    instead = (f"pass --data-dir with a local copy (huggingface-cli download --repo-type dataset {path} "
+               f"--local-dir DIR) or a directory written by save_to_disk")
+    if datasets.config.HF_HUB_OFFLINE:
+        return DataError(f"{path} is not a local directory, and the hub is off "
+                         f"(HF_DATASETS_OFFLINE/HF_HUB_OFFLINE); {instead}")
+    return DataError(f"cannot reach the hub for {source} ({error}); {instead}")
+
+
+def _resolve_splits(available: list[str], train_split, eval_split, source: str) -> tuple[str, str | None]:
+    """Default and check the split names; ``+`` joins several. The eval split is None when
+    none was named and the source has none of :data:`EVAL_SPLIT_CANDIDATES`."""
+    train_split = train_split or "train"
+    if eval_split is None:
+        eval_split = next((split for split in EVAL_SPLIT_CANDIDATES if split in available), None)
+    resolved = []
+    for split in (train_split, eval_split):
+        if split is None:  # no evaluation split: the caller holds one out of train
+            resolved.append(None)
+            continue
+        parts = []
+        for asked in split.split("+"):
+            # an image folder's val/ is the split "validation"
+            part = asked if asked in available else _SPLIT_ALIASES.get(asked, asked)
+            if part not in available:
+                raise DataError(f"split {asked!r} not found in {source}; splits: {', '.join(available)}")
+            parts.append(part)
+        resolved.append("+".join(parts))
+    return resolved[0], resolved[1]
+
+
+_SPLIT_ALIASES = {"val": "validation", "valid": "validation", "validation": "val"}
+
+
+def _concatenate(parts: list):
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+# ---- columns and labels -------------------------------------------------------------------------

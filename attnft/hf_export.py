@@ -1,0 +1,201 @@
+"""Merge an adapter into its transformers base and export a folder plain transformers loads.
+
+The export is what ``save_pretrained`` writes, plus the image processor::
+
+    config.json                 the model's config at the adapter's size (image_size) and classes (id2label)
+    model.safetensors           the merged weights, transformers' own names
+    preprocessor_config.json    the base's processor, resized for the adapter's input size
+    README.md                   a model card with the lines that load it
+
+so that, with nothing but transformers installed::
+
+    model = AutoModelForImageClassification.from_pretrained(DIR)   # or "ORG/REPO" once pushed
+
+:func:`attnft.merge.export_adapter` is the same for timm bases; ``attnft adapters export``
+picks this one when the adapter's base is a transformers model.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional, Union
+
+from torch import nn
+
+from .errors import AdapterError, StoreError
+from .hf_models import PROCESSOR_FILE, is_transformers_model, no_progress_bars
+
+if TYPE_CHECKING:
+    from .adapters import Adapter, AdapterConfig
+
+PathLike = Union[str, os.PathLike]
+EXPORT_CARD = "README.md"
+
+
+@dataclass
+class TransformersExport:
+    """Where an export went, and the class plain transformers builds it as."""
+
+    folder: Path
+    architecture: str  # e.g. ViTForImageClassification
+    library = "transformers"
+
+    def load_source(self, folder: Optional[str] = None) -> str:
+        """Python source that loads the export with transformers alone (``folder``: the path to show)."""
+        return ("from transformers import AutoModelForImageClassification\n\n"
+                f"model = AutoModelForImageClassification.from_pretrained({str(folder or self.folder)!r}).eval()\n")
+
+
+def export_merged(
+    model: nn.Module,
+    out_dir: PathLike,
+    *,
+    data_config: Optional[dict] = None,
+    label_names: Optional[list[str]] = None,
+    title: Optional[str] = None,
+    overwrite: bool = False,
+) -> TransformersExport:
+    """Write ``model`` (a transformers base with an adapter loaded) as a ``save_pretrained`` folder, atomically."""
+    from .adapters import write_directory_atomically
+
+    if not is_transformers_model(model):
+        raise AdapterError(f"{type(model).__name__} was not made by attnft.hf_models: export it with attnft.merge")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise StoreError(f"{out_dir} already exists: pass --overwrite to replace it")
+    if label_names:
+        if len(label_names) != model.num_classes:
+            raise AdapterError(f"{len(label_names)} label names for a model with {model.num_classes} classes")
+        model.config.id2label = {i: str(name) for i, name in enumerate(label_names)}
+        model.config.label2id = {str(name): i for i, name in enumerate(label_names)}
+    result = TransformersExport(folder=out_dir, architecture=type(model).__name__)
+    processor = export_processor(model.__dict__["_attnft_source"]["processor"], model.img_size, data_config or {})
+
+    def write(folder: Path) -> None:
+        with no_progress_bars():
+            model.save_pretrained(str(folder), safe_serialization=True)
+        (folder / PROCESSOR_FILE).write_text(json.dumps(processor, indent=2) + "\n")
+        (folder / EXPORT_CARD).write_text(_export_card(result, title or out_dir.name))
+
+    write_directory_atomically(out_dir, write, overwrite=overwrite, what=f"export {out_dir.name}")
+    return result
+
+
+def export_adapter(
+    adapter: Union[PathLike, "Adapter"],
+    out_dir: PathLike,
+    *,
+    base_model: Optional[nn.Module] = None,
+    base_checkpoint: Optional[PathLike] = None,
+    ignore_fingerprint: bool = False,
+    overwrite: bool = False,
+) -> TransformersExport:
+    """Merge ``adapter`` into its transformers base (``base_model``, or created again from its
+    config's ``model_name``) and export it. Nothing is written unless the adapter verifies and fits."""
+    from .adapters import Adapter, load_adapter, read_adapter
+    from .merge import create_base
+
+    if Path(out_dir).exists() and not overwrite:
+        raise StoreError(f"{out_dir} already exists: pass --overwrite to replace it")
+    adapter = adapter if isinstance(adapter, Adapter) else read_adapter(adapter)
+    model = base_model if base_model is not None else create_base(adapter.config, base_checkpoint)
+    config = load_adapter(model, adapter, ignore_fingerprint=ignore_fingerprint)
+    title = f"{adapter.path.name} (merged)" if adapter.path else None
+    return export_merged(model.eval(), out_dir, data_config=config.data_config, label_names=config.label_names,
+                         title=title, overwrite=overwrite)
+
+
+def export_processor(processor: dict, size: int, data_config: dict) -> dict:
+    """The base's image processor config for inputs of ``size`` px (a ViT processor from ``data_config`` if it has none)."""
+    out = copy.deepcopy(processor)
+    if not out:
+        out = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,
+               "rescale_factor": 1 / 255, "do_normalize": True,
+               "image_mean": list(data_config.get("mean", (0.5, 0.5, 0.5))),
+               "image_std": list(data_config.get("std", (0.5, 0.5, 0.5)))}
+    old = out.get("size")
+    if isinstance(old, dict) and "shortest_edge" in old and out.get("do_center_crop"):
+        crop_pct = float(data_config.get("crop_pct") or 1.0)
+        out["size"] = {"shortest_edge": round(size / crop_pct)}
+        out["crop_size"] = {"height": size, "width": size}
+    elif isinstance(old, dict) and "shortest_edge" in old:
+        out["size"] = {"shortest_edge": size}
+    else:
+        out["size"] = {"height": size, "width": size}
+        if out.get("crop_size") is not None:
+            out["crop_size"] = {"height": size, "width": size}
+    return out
+
+
+def plain_transformers_use(config: "AdapterConfig") -> str:
+    """A model card's section that loads an adapter on its transformers base with transformers and safetensors, no attnft."""
+    base = _base_source(config.model_name)
+    return f"""The adapter holds only what training changed: create the base it was trained on at its size and
+classes, then copy each stored tensor in (values, or a delta from the base, as `adapter_config.json` lists them):
+
+```python
+import json
+
+from safetensors.torch import load_file
+from transformers import AutoModelForImageClassification
+
+folder = "path/to/this/folder"
+config = json.load(open(f"{{folder}}/adapter_config.json"))
+model = AutoModelForImageClassification.from_pretrained(
+    {base!r}, image_size=config["input_size"], num_labels=config["num_classes"], ignore_mismatched_sizes=True,
+)
+state = model.state_dict()  # shares memory with the model's parameters
+for name, stored in load_file(f"{{folder}}/adapter_model.safetensors").items():
+    target = state[name]
+    target.copy_(target.float() + stored.float() if config["tensors"][name]["stored"] == "delta" else stored)
+model.eval()  # model(pixel_values).logits; preprocessing: config["data_config"] (mean, std, input_size)
+```
+"""
+
+
+def plain_peft_use(info) -> str:
+    """A peft adapter card's section that loads it on its transformers base with transformers and peft, no attnft
+    (``info``: its :class:`attnft.peft_methods.PeftAdapterInfo`)."""
+    base = _base_source(info.model_name)
+    return f"""```python
+from peft import PeftModel
+from transformers import AutoModelForImageClassification
+
+base = AutoModelForImageClassification.from_pretrained({base!r})
+model = PeftModel.from_pretrained(base, "path/to/this/folder").eval()
+logits = model(pixel_values, interpolate_pos_encoding=True).logits  # pixel_values: (B, 3, {info.input_size}, {info.input_size})
+```
+
+`interpolate_pos_encoding=True` resamples the base's position embedding to the adapter's
+{info.input_size} px, as attnft did when it trained it; preprocessing: `data_config` in `attnft.json`.
+"""
+
+
+def _base_source(model_name: str) -> str:
+    from .hf_models import PREFIX
+
+    return model_name[len(PREFIX):] if model_name.startswith(PREFIX) else model_name
+
+
+def _export_card(result: TransformersExport, title: str) -> str:
+    from huggingface_hub import ModelCardData
+
+    metadata = ModelCardData(library_name="transformers", pipeline_tag="image-classification", license="other",
+                             tags=["transformers", "image-classification", "attnft"])
+    return f"""---
+{metadata.to_yaml()}
+---
+
+# {title}
+
+A `{result.architecture}` checkpoint with an attnft adapter merged in. Load it with transformers alone (no attnft):
+
+```python
+{result.load_source("path/to/this/folder")}```
+
+`config.json` and `preprocessor_config.json` are what `save_pretrained` writes; pushed to a hub
+repository, it loads the same way with `AutoModelForImageClassification.from_pretrained("ORG/REPO")`.
+"""

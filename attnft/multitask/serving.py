@@ -1,0 +1,115 @@
+"""What both multi-task servers share: tasks by name, a default task, and the calls that dispatch.
+
+:class:`attnft.multitask.MultiTaskModel` (attnft adapters, routed attention) and
+:class:`attnft.multitask.peft_serving.PeftMultiTask` (peft adapters) differ only in how a
+batch of one task, or of mixed tasks, runs (:meth:`TaskServer._forward`,
+:meth:`TaskServer._forward_mixed`); which task a call serves, and the checks on it, are here.
+"""
+from __future__ import annotations
+
+from typing import Generic, Optional, Sequence, TypeVar
+
+import torch
+
+from ..errors import ConfigError
+
+Task = TypeVar("Task")  # what a server keeps per task; has num_classes and label_names
+
+
+class TaskServer(Generic[Task]):
+    """Served tasks by name, in the order they were added, and the default task of calls that name none."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task] = {}
+        self._default: Optional[str] = None
+
+    # --- the tasks ----------------------------------------------------------------------
+
+    def _check_new_task(self, name: str) -> None:
+        """ConfigError unless ``name`` can name a task not served yet."""
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"a task name must be a non-empty string, not {name!r}")
+        if name in self._tasks:
+            raise ConfigError(f"task {name!r} is already served: remove it first")
+
+    def remove_task(self, name: str) -> None:
+        """Stop serving ``name`` and free its tensors (calls already running finish with it)."""
+        self._served(name)
+        self._release(name)
+        del self._tasks[name]
+        if self._default == name:
+            self._default = None
+
+    def _release(self, name: str) -> None:
+        """Free what the server holds for task ``name`` besides its entry (nothing by default)."""
+
+    def set_task(self, name: Optional[str]) -> None:
+        """The task of calls that name none (None: calls must name one). Copies nothing."""
+        if name is not None:
+            self._served(name)
+        self._default = name
+
+    @property
+    def task(self) -> Optional[str]:
+        """The task of calls that name none."""
+        return self._default
+
+    @property
+    def tasks(self) -> list[str]:
+        """Names of the served tasks, in the order they were added."""
+        return list(self._tasks)
+
+    def num_classes(self, task: str) -> Optional[int]:
+        return self._served(task).num_classes
+
+    def label_names(self, task: str) -> Optional[list]:
+        return self._served(task).label_names
+
+    def _served(self, name: str) -> Task:
+        try:
+            return self._tasks[name]
+        except KeyError:
+            served = ", ".join(self._tasks) or "none"
+            raise ConfigError(f"unknown task {name!r}: served tasks are {served}") from None
+
+    # --- serving ------------------------------------------------------------------------
+
+    def __call__(self, x: torch.Tensor, task: Optional[str] = None, tasks: Optional[Sequence[str]] = None):
+        """``tasks`` given: :meth:`forward_mixed` (a list); else :meth:`forward` (a tensor)."""
+        if tasks is not None:
+            if task is not None:
+                raise ConfigError("pass task= (one task for the batch) or tasks= (one per sample), not both")
+            return self.forward_mixed(x, tasks)
+        return self.forward(x, task)
+
+    @torch.inference_mode()
+    def forward(self, x: torch.Tensor, task: Optional[str] = None) -> torch.Tensor:
+        """Logits (B, classes of ``task``) of a batch that is all one task (None: the one set with set_task)."""
+        name = task if task is not None else self._default
+        if name is None:
+            if not self._tasks:
+                raise ConfigError("no task is served: add_task() first")
+            raise ConfigError(f"name a task (task=...) or set_task(...): served tasks are {', '.join(self._tasks)}")
+        return self._forward(x, name, self._served(name))
+
+    @torch.inference_mode()
+    def forward_mixed(self, x: torch.Tensor, tasks: Sequence[str]) -> list[torch.Tensor]:
+        """Logits of a batch mixing tasks: ``tasks[i]`` serves sample ``i``.
+
+        Returns a list of B tensors in sample order, sample ``i``'s of shape (classes of
+        ``tasks[i]``,); stack them when all tasks have as many classes.
+        """
+        if isinstance(tasks, str) or len(tasks) != x.shape[0]:
+            raise ConfigError(f"tasks= needs one task name per sample: {x.shape[0]} samples, got {tasks!r}")
+        served = {name: self._served(name) for name in dict.fromkeys(tasks)}  # resolved once, in order of first use
+        if len(served) == 1:
+            return list(self._forward(x, tasks[0], served[tasks[0]]).unbind(0))
+        return self._forward_mixed(x, list(tasks), served)
+
+    def _forward(self, x: torch.Tensor, name: str, task: Task) -> torch.Tensor:
+        """Logits of a batch that is all task ``name``."""
+        raise NotImplementedError
+
+    def _forward_mixed(self, x: torch.Tensor, tasks: list[str], served: dict[str, Task]) -> list[torch.Tensor]:
+        """Logits of a batch of two or more tasks, ``served`` holding each (in order of first use)."""
+        raise NotImplementedError

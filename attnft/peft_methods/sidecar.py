@@ -1,0 +1,82 @@
+"""``attnft.json``, the sidecar of a peft adapter folder: what attnft knows about the adapter.
+
+Reading it needs no peft (seconds to import): the store and multi-task serving tell the two
+adapter formats apart and list peft adapters with this module alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Optional, Union
+
+from ..adapters import CONFIG_FILE, WEIGHTS_FILE
+from ..errors import AdapterError
+
+SIDECAR_FILE = "attnft.json"
+SIDECAR_FORMAT = "attnft-peft-adapter"
+SIDECAR_VERSION = 1
+PEFT_PREFIX = "base_model.model."  # peft's saved tensor names start here for models without a task type
+
+
+def unprefixed(key: str) -> str:
+    """A saved peft tensor name as the base model's (``base_model.model.blocks.0...`` -> ``blocks.0...``)."""
+    return key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
+
+
+@dataclass(frozen=True)
+class PeftAdapterInfo:
+    """What ``attnft.json`` says about a peft adapter folder."""
+
+    path: Path
+    method: str  # lora | ia3
+    policy: str  # the spec, e.g. "lora+ffn:r=16"
+    model_name: str  # as timm.create_model takes it
+    model_args: dict  # timm reconstruction kwargs (embed_dim, ...), the JSON-able ones
+    input_size: int  # pixels (square side) it was trained at
+    num_classes: Optional[int]
+    label_names: Optional[list]
+    data_config: dict
+    base_fingerprint: str  # attnft.adapters.compute_fingerprint of the base before training
+    targets: dict  # adapted module name -> role
+    head_modules: list  # modules trained whole (peft's modules_to_save)
+    trained_params: int
+    weights_sha256: str  # of adapter_model.safetensors
+    weights_bytes: int
+    peft_version: str
+    attnft_version: str
+    created: str  # ISO 8601, UTC
+    metadata: dict
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["path"] = str(self.path)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict, path: Path) -> "PeftAdapterInfo":
+        wanted = {f.name for f in fields(cls)} - {"path"}
+        return cls(path=path, **{k: data[k] for k in wanted})
+
+
+def is_peft_adapter(path: Union[str, os.PathLike]) -> bool:
+    """Whether folder ``path`` holds an adapter saved by :func:`attnft.peft_methods.save_peft_adapter` (cheap: one file test)."""
+    return (Path(path) / SIDECAR_FILE).is_file()
+
+
+def read_peft_adapter(path: Union[str, os.PathLike]) -> PeftAdapterInfo:
+    """The sidecar of a peft adapter folder (no tensor read); AdapterError when a file is missing or unreadable."""
+    path = Path(path)
+    for name in (SIDECAR_FILE, CONFIG_FILE, WEIGHTS_FILE):
+        if not (path / name).is_file():
+            raise AdapterError(f"{path} is not an attnft peft adapter: {name} is missing")
+    try:
+        data = json.loads((path / SIDECAR_FILE).read_text())
+        if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
+            raise ValueError(f"no \"format\": \"{SIDECAR_FORMAT}\"")
+        if data.get("format_version", 0) > SIDECAR_VERSION:
+            raise ValueError(f"format version {data['format_version']}; this attnft reads up to {SIDECAR_VERSION}: upgrade attnft")
+        return PeftAdapterInfo.from_dict(data, path)
+    except (ValueError, KeyError, TypeError) as e:
+        raise AdapterError(f"{path / SIDECAR_FILE} is unreadable: {e}") from None

@@ -1,0 +1,174 @@
+"""transformers image classifiers as a model source: names, weights, data config, resolution, errors.
+
+Tiny configs (hidden 32, 2 layers, 2 heads, 32 px, 8 px patches, 3 labels) saved to tmp dirs;
+never the hub.
+"""
+import huggingface_hub
+import pytest
+import torch
+import transformers
+from transformers import AutoModelForImageClassification, ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+from attnft.cli import main
+from attnft.errors import ConfigError, OfflineError, UnknownModelError
+from attnft.hf_models import processor_data_config
+from attnft.models import create_model, data_config, patch_grid
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+            patch_size=8, num_labels=3)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def save_tiny(folder, model_cls=ViTForImageClassification, config_cls=ViTConfig, processor=True, **overrides):
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**{**TINY, **overrides})).eval()
+    model.save_pretrained(folder)
+    if processor:
+        ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.4, 0.45, 0.5], image_std=[0.2, 0.25, 0.3],
+                          resample=2).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def vit_dir(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("vit"))
+
+
+def plain(folder):
+    return AutoModelForImageClassification.from_pretrained(folder).eval()
+
+
+def test_a_save_pretrained_folder_loads_as_transformers_model_with_its_own_names_and_logits(vit_dir):
+    reference = plain(vit_dir)
+    x = torch.randn(2, 3, 32, 32)
+    for name in (f"transformers:{vit_dir}", vit_dir):
+        model = create_model(name).eval()
+        assert isinstance(model, ViTForImageClassification) and type(model).__name__ == "ViTForImageClassification"
+        assert list(model.state_dict()) == list(reference.state_dict())
+        with torch.no_grad():
+            assert torch.equal(model(x), reference(x).logits)  # attnft's call: the logits tensor
+            assert torch.equal(model(x, return_dict=True).logits, reference(x).logits)  # transformers' own call
+        assert model.num_classes == 3
+
+
+def test_data_config_comes_from_the_checkpoints_preprocessor_config(vit_dir):
+    cfg = data_config(create_model(f"transformers:{vit_dir}"))
+    assert cfg["mean"] == (0.4, 0.45, 0.5) and cfg["std"] == (0.2, 0.25, 0.3)
+    assert cfg["interpolation"] == "bilinear" and cfg["input_size"] == (3, 32, 32)
+    assert cfg["crop_pct"] == 1.0 and cfg["crop_mode"] == "squash"  # height/width: resized, not cropped
+
+
+def test_a_shortest_edge_resize_then_centre_crop_is_timms_center_crop_pct():
+    processor = {"size": {"shortest_edge": 256}, "do_center_crop": True, "crop_size": {"height": 224, "width": 224},
+                 "resample": 3, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+    cfg = processor_data_config(processor, 224)
+    assert cfg["crop_pct"] == pytest.approx(0.875) and cfg["crop_mode"] == "center"
+    assert cfg["interpolation"] == "bicubic" and cfg["mean"] == (0.485, 0.456, 0.406)
+
+
+def test_a_folder_without_preprocessor_config_gets_transformers_vit_defaults(tmp_path):
+    cfg = data_config(create_model(save_tiny(tmp_path / "bare", processor=False)))
+    assert cfg["mean"] == (0.5, 0.5, 0.5) and cfg["std"] == (0.5, 0.5, 0.5)
+
+
+def test_res_uses_the_models_own_position_interpolation(vit_dir):
+    model = create_model(f"transformers:{vit_dir}", img_size=48).eval()
+    assert model.config.image_size == 48 and patch_grid(model) == (6, 6)
+    assert model.vit.embeddings.position_embeddings.shape == (1, 37, 32)
+    assert data_config(model)["input_size"] == (3, 48, 48)
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        assert torch.allclose(model(x), plain(vit_dir)(x, interpolate_pos_encoding=True).logits, atol=1e-6)
+
+
+def test_set_input_size_in_place_equals_creating_at_that_size(vit_dir):
+    model = create_model(vit_dir).eval()
+    model.set_input_size(img_size=(48, 48))
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        assert torch.equal(model(x), create_model(vit_dir, img_size=48).eval()(x))
+
+
+def test_res_that_is_not_a_multiple_of_the_patch_size_is_refused(vit_dir):
+    with pytest.raises(ConfigError, match="multiple of 8.*40 or 48"):
+        create_model(vit_dir, img_size=44)
+
+
+def test_other_classes_get_a_new_classifier_on_the_models_device_and_dtype(vit_dir):
+    model = create_model(vit_dir, num_classes=5)
+    assert model.num_classes == 5 and model.classifier.out_features == 5
+    model.to(torch.bfloat16).reset_classifier(7)
+    assert model.classifier.weight.dtype == torch.bfloat16 and model(torch.randn(1, 3, 32, 32).bfloat16()).shape == (1, 7)
+
+
+def test_a_bf16_checkpoint_is_loaded_in_float32_as_timm_models_are(tmp_path):
+    folder = tmp_path / "bf16"
+    torch.manual_seed(0)
+    ViTForImageClassification(ViTConfig(**TINY)).to(torch.bfloat16).save_pretrained(folder)
+    assert create_model(str(folder)).classifier.weight.dtype == torch.float32
+
+
+def test_config_fields_can_be_overridden_and_unknown_ones_are_refused(vit_dir):
+    assert create_model(vit_dir, hidden_dropout_prob=0.25).config.hidden_dropout_prob == 0.25
+    with pytest.raises(ConfigError, match="no config field embed_dim"):
+        create_model(vit_dir, embed_dim=64)
+    with pytest.raises(ConfigError, match="no drop path"):
+        create_model(vit_dir, drop_path_rate=0.1)
+
+
+def test_a_missing_folder_and_a_bad_repo_id_are_unknown_models(tmp_path):
+    with pytest.raises(UnknownModelError, match="no folder"):
+        create_model(f"transformers:{tmp_path}/missing")
+    with pytest.raises(UnknownModelError, match="neither a folder nor a hub repo id"):
+        create_model("transformers:not a repo!")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UnknownModelError, match="no config.json"):
+        create_model(f"transformers:{tmp_path / 'empty'}")
+
+
+def test_a_hub_model_not_in_the_cache_while_offline_is_an_offline_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(OfflineError, match="not in the local Hugging Face cache.*transformers:PATH"):
+        create_model("transformers:someone/not-cached-vit")
+
+
+def test_the_cli_refuses_a_missing_transformers_model_in_one_line_with_exit_2(tmp_path, capsys):
+    assert main(["policies", f"transformers:{tmp_path}/missing"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no folder" in err and len(err.splitlines()) == 1
+
+
+# --- the families' classifiers: forward_head(forward_features(x)) is the model's own output ---------------
+
+FAMILIES = {
+    "deit": (transformers.DeiTForImageClassification, transformers.DeiTConfig, {}),
+    "deit_distilled": (transformers.DeiTForImageClassificationWithTeacher, transformers.DeiTConfig, {}),
+    "dinov2": (transformers.Dinov2ForImageClassification, transformers.Dinov2Config, {"mlp_ratio": 2}),
+    "beit": (transformers.BeitForImageClassification, transformers.BeitConfig,
+             {"use_relative_position_bias": True, "use_mean_pooling": True}),
+}
+SWIN = dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=2, num_labels=3)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES) + ["swin"])
+def test_multi_task_features_and_head_recompose_each_familys_logits(family, tmp_path):
+    if family == "swin":  # its own config fields: TINY's would map onto its per-stage lists
+        model_cls, config = transformers.SwinForImageClassification, transformers.SwinConfig(**SWIN)
+    else:
+        model_cls, config_cls, extra = FAMILIES[family]
+        config = config_cls(**TINY, **extra)
+    torch.manual_seed(0)
+    model_cls(config).eval().save_pretrained(tmp_path / family)
+    model = create_model(str(tmp_path / family)).eval()
+    assert type(model) is not model_cls and isinstance(model, model_cls)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(model.forward_head(model.forward_features(x)), model(x), atol=1e-6)
