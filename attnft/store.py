@@ -27,7 +27,6 @@ from .adapters import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, Adapter, AdapterConf
 from .errors import AdapterError, AttnftError, StoreError
 from .files import io_error, nearest_existing, remove_directory_atomically, remove_entry, write_directory_atomically
 from .formats import PEFT_SIDECAR_FILE, AdapterFormat, AdapterSummary, format_for, format_of
-from .formats import is_peft_adapter as is_peft_folder  # for callers not yet moved to attnft.formats
 from .hub import hub_errors
 from .policy import PolicyReport
 
@@ -359,4 +358,4 @@ def _copy_regular_file(source: Path, target: Path) -> None:
             shutil.copyfileobj(src, dst)
 
 
-__all__ = ["AdapterStore", "AdapterSummary", "STALE_AFTER_S", "check_name", "default_store_root", "is_peft_folder", "WEIGHTS_FILE"]
+__all__ = ["AdapterStore", "AdapterSummary", "STALE_AFTER_S", "check_name", "default_store_root", "WEIGHTS_FILE"]

@@ -8,7 +8,7 @@ import torch
 from peft import PeftModel
 from torch import nn
 
-from attnft import peft_methods, store as store_module
+from attnft import peft_methods
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterConfig, BaseSnapshot
 from attnft.cli import main
 from attnft.errors import AdapterError, StoreError, UnknownPolicyError
@@ -84,10 +84,6 @@ def attnft(capsys, *argv):
 
 
 # --- the store -----------------------------------------------------------------------------------
-
-
-def test_the_store_tells_formats_apart_by_the_same_sidecar_file_as_peft_methods():
-    assert store_module.PEFT_SIDECAR_FILE == peft_methods.SIDECAR_FILE
 
 
 def test_a_peft_report_is_saved_in_peft_format_with_the_sidecar(store):

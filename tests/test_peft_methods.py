@@ -27,6 +27,7 @@ from attnft.peft_methods import (
 from attnft.peft_methods.targets import peft_target_modules
 from attnft.policy import apply_policy
 from attnft.roles import Role, build_role_map
+from test_roles_transformers import FAMILIES as TRANSFORMERS_FAMILIES
 from tiny_models import TINY_MODELS, tiny_input, tiny_model
 
 ATTENTION_PEFT_POLICIES = ["lora", "lora:r=2,alpha=4,dropout=0.1", "lora@0", "lora-head", "ia3", "ia3@1"]
@@ -104,7 +105,16 @@ def test_a_bad_spec_is_a_policy_error(spec):
 @pytest.mark.parametrize("family", list(TINY_MODELS))
 def test_no_attention_policy_targets_a_non_attention_module(family):
     """Every policy meant for attention, on every family: what it adapts or trains is attention (or the head)."""
-    model = tiny_model(family)
+    _check_only_attention_is_targeted(tiny_model(family))
+
+
+@pytest.mark.parametrize("family", sorted(TRANSFORMERS_FAMILIES))
+def test_no_attention_policy_targets_a_non_attention_module_of_a_transformers_model(family):
+    """The same on transformers' families, whose FFN linears are also called ``output.dense`` / ``mlp.fc*``."""
+    _check_only_attention_is_targeted(TRANSFORMERS_FAMILIES[family]())
+
+
+def _check_only_attention_is_targeted(model):
     role_map = build_role_map(model)
 
     # the freezing policy: trainable tensors are attention, head or position embedding
@@ -112,7 +122,7 @@ def test_no_attention_policy_targets_a_non_attention_module(family):
     for name in report.trainable:
         roles = {e.role for e in role_map.of(name) if e.region == report.trainable[name]}
         assert roles <= {Role.ATTENTION, Role.HEAD, Role.POS_EMBED}, (name, roles)
-        assert not name.startswith("patch_embed.")
+        assert Role.PATCH_EMBED not in {e.role for e in role_map.of(name)}, name
 
     # peft policies: resolve what peft really wrapped, check each module against the role map
     modules = dict(model.named_modules())
@@ -121,7 +131,6 @@ def test_no_attention_policy_targets_a_non_attention_module(family):
         adapted = adapted_modules(peft_model)
         assert any(kind == "adapter" for kind in adapted.values()), spec
         for name, kind in adapted.items():
-            assert not name.startswith("patch_embed"), (spec, name)
             params = [f"{name}.{p}" for p, _ in modules[name].named_parameters()]
             expected = Role.ATTENTION if kind == "adapter" else Role.HEAD
             assert params and all(e.role == expected for p in params for e in role_map.of(p)), (spec, name, kind)

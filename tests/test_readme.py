@@ -37,3 +37,9 @@ def test_every_python_snippet_of_the_readme_runs(readme_store):
         done = subprocess.run([sys.executable, "-c", code], cwd=readme_store, env=env, capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == 0, f"README snippet failed:\n{code}\n{done.stderr[-2000:]}"
+
+
+def test_ci_runs_the_readmes_test_command_verbatim():
+    commands = [line for line in README.read_text().splitlines() if "python -m pytest" in line]
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    assert commands and commands[0].strip() in [line.strip() for line in ci]

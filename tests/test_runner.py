@@ -391,6 +391,17 @@ def test_missing_label_column_is_refused(previous_run, tmp_path, capsys):
                    words=["label column", "'label'"], untouched=tmp_path / "run")
 
 
+def test_missing_image_column_is_refused(previous_run, tmp_path, capsys):
+    model, _ = previous_run
+    saved = tmp_path / "saved"
+    rows = datasets.Dataset.from_dict({"text": ["x", "y", "x", "y"], "label": [0, 1, 0, 1]},
+                                      features=datasets.Features({"text": datasets.Value("string"),
+                                                                  "label": datasets.ClassLabel(names=["a", "b"])}))
+    datasets.DatasetDict({"train": rows, "test": rows}).save_to_disk(str(saved))
+    _fails_cleanly(capsys, finetune_args(model, str(saved), tmp_path, "--overwrite", "--name", "kept"),
+                   words=["holds the image", "columns: text, label", "--image-key"], untouched=tmp_path / "run")
+
+
 def test_resolution_not_divisible_by_the_patch_size_is_refused(previous_run, tmp_path, capsys):
     model, data = previous_run
     _fails_cleanly(capsys, finetune_args(model, data, tmp_path, "--res", "50", "--overwrite", "--name", "kept"),
@@ -452,14 +463,15 @@ def test_peft_policy_finetunes_into_peft_format_that_attnft_eval_and_plain_peft_
     from peft import PeftModel
 
     from attnft.models import create_model
-    from attnft.store import AdapterStore, is_peft_folder
+    from attnft.formats import is_peft_adapter
+    from attnft.store import AdapterStore
 
     model, data = tiny
     assert main(finetune_args(model, data, tmp_path, "--policy", policy, "--epochs", "3", "--lr", "1e-2",
                               "--name", "colors")) == 0
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     adapter = tmp_path / "store" / "colors"
-    assert is_peft_folder(adapter) and (adapter / "adapter_model.safetensors").is_file()
+    assert is_peft_adapter(adapter) and (adapter / "adapter_model.safetensors").is_file()
     assert result["trainable_params"] < result["total_params"] / 2
 
     assert main(["eval", "--adapter", "colors", "--store", str(tmp_path / "store"), "--dataset", data,
