@@ -19,7 +19,7 @@ def model_card(config: "AdapterConfig", title: str, license: Optional[str] = Non
         pipeline_tag="image-classification",
         license=license or "other",
         base_model=config.base_model_id or config.model_name,
-        tags=["attnft", "timm", "image-classification", "vision-transformer", "attention-fine-tuning", f"policy-{config.policy}"],
+        tags=["attnft", _library(config), "image-classification", "vision-transformer", "attention-fine-tuning", f"policy-{config.policy}"],
     )
     dc = config.data_config
     storage = f"exact {config.dtype}" if config.mode == "exact" else f"delta {config.delta_dtype} (trained - base; head and position tables exact)"
@@ -34,8 +34,8 @@ def model_card(config: "AdapterConfig", title: str, license: Optional[str] = Non
 
 # {title}
 
-An attention adapter for `{config.model_name}`, made with attnft: only the weights the `{config.policy}`
-policy trains are stored (attention, head, position embedding for `attn`), {config.trained_params:,} parameters.
+An adapter for `{config.model_name}`, made with attnft: only the weights the `{config.policy}` policy
+trains are stored ({_trained_roles(config)}), {config.trained_params:,} parameters.
 It loads only onto the base it was trained on; attnft checks that by fingerprint.
 
 | | |
@@ -50,14 +50,14 @@ It loads only onto the base it was trained on; attnft checks that by fingerprint
 | crop / interpolation | {dc.get('crop_pct')} {dc.get('crop_mode', '')} / {dc.get('interpolation')} |
 | timm / attnft | {config.timm_version} / {config.attnft_version} |
 
-## Use with {'transformers' if is_transformers_name(config.model_name) else 'timm'} alone
+## Use with {_library(config)} alone
 
-{_plain_timm_use(config)}
+{_plain_use(config)}
 ## Use with attnft
 
 {_attnft_use(config)}
 `attnft adapters pull ORG/REPO NAME` stores a verified copy; `attnft adapters export NAME --out DIR`
-merges it into the base as a checkpoint plain timm loads.
+merges it into the base as a folder plain {_library(config)} loads.
 {labels}"""
 
 
@@ -94,8 +94,19 @@ transform = timm.data.create_transform(**config["data_config"])
 """
 
 
-def _plain_timm_use(config: "AdapterConfig") -> str:
-    """The card's section that loads the adapter with timm and safetensors, no attnft."""
+def _trained_roles(config: "AdapterConfig") -> str:
+    """The roles the adapter's tensors have, as the role map named them at save time: 'attention, head, pos_embed'."""
+    roles = dict.fromkeys(entry["role"] for entry in config.tensors.values() if entry.get("role"))
+    return ", ".join(roles) or "no tensor"
+
+
+def _library(config: "AdapterConfig") -> str:
+    """The library that builds the adapter's base: transformers or timm."""
+    return "transformers" if is_transformers_name(config.model_name) else "timm"
+
+
+def _plain_use(config: "AdapterConfig") -> str:
+    """The card's section that loads the adapter with the base's library alone (and safetensors), no attnft."""
     from .plain_timm import base_build
 
     if is_transformers_name(config.model_name):  # a transformers base: no timm needed

@@ -110,8 +110,8 @@ class FinetuneConfig:
     line without a dataset, it also takes :data:`DEFAULT_TASK_SETTINGS` (the quick demo)."""
 
     # --- model
-    model: str = _opt(DEFAULT_MODEL, "timm name (optionally .tag), hf-hub:ORG/REPO or local-dir:PATH; "
-                      "default: the bundled Fashion-MNIST ViT", metavar="NAME", group=MODEL)
+    model: str = _opt(DEFAULT_MODEL, "timm name (optionally .tag), hf-hub:ORG/REPO, local-dir:PATH, or a transformers "
+                      "model: transformers:ORG/REPO or a save_pretrained folder; default: the bundled Fashion-MNIST ViT", metavar="NAME", group=MODEL)
     checkpoint: Optional[str] = _opt(None, "weights file for the model (.safetensors, or .pth read with weights_only)",
                                      metavar="FILE", group=MODEL)
     res: Optional[int] = _opt(None, "input resolution in pixels (default: the weights' own); position "
@@ -157,7 +157,7 @@ class FinetuneConfig:
                              group=AUG)
     smoothing: float = _opt(0.1, "label smoothing", group=AUG)
     # --- distillation (DeiT's): a frozen teacher labels every training batch
-    teacher: Optional[str] = _opt(None, "teacher model (timm name, hf-hub:, local-dir:; default with --teacher-adapter: "
+    teacher: Optional[str] = _opt(None, "teacher model (timm name, hf-hub:, local-dir:, transformers:; default with --teacher-adapter: "
                                   "the adapter's base)", metavar="NAME", group=DISTILL)
     teacher_checkpoint: Optional[str] = _opt(None, "weights file for the teacher", metavar="FILE", group=DISTILL)
     teacher_adapter: Optional[str] = _opt(None, "adapter (name in the store, or a folder) applied to the teacher, "
@@ -309,7 +309,7 @@ RUN_ONLY_FIELDS = frozenset({
 class EvalConfig:
     """One evaluation: a model, or a model plus an adapter, on one split of a dataset."""
 
-    model: Optional[str] = _opt(None, "timm name, hf-hub:ORG/REPO or local-dir:PATH (default: the adapter's "
+    model: Optional[str] = _opt(None, "timm name, hf-hub:ORG/REPO, local-dir:PATH or transformers:ORG/REPO (default: the adapter's "
                                 "base model, else the bundled Fashion-MNIST ViT)", metavar="NAME", group=MODEL)
     checkpoint: Optional[str] = _opt(None, "weights file for the model", metavar="FILE", group=MODEL)
     adapter: Optional[str] = _opt(None, "adapter name in the store, or an adapter directory", metavar="NAME|DIR",
@@ -348,7 +348,7 @@ class EvalConfig:
         _require(self.max_eval is None or self.max_eval >= 1, "max_eval must be at least 1")
         _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
         _require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
-        _require(self.workers is None or self.workers >= 0, "workers must not be negative")
+        _require(self.workers >= 0, "workers must not be negative")
         for path_field in ("model", "adapter", "dataset", "data_dir", "checkpoint", "store", "output"):
             value = getattr(self, path_field)
             _require(value is None or value.strip() != "", f"{path_field} must not be empty")

@@ -135,7 +135,7 @@ def build_teacher(cfg, num_classes: int, student_data_config: dict) -> Teacher:
     else:
         model = create_model(model_name, checkpoint=cfg.teacher_checkpoint)
         teacher_data = data_config(model)
-    classes = getattr(model, "num_classes", None) or adapter_config.num_classes
+    classes = adapter_config.num_classes if adapter_config is not None else getattr(model, "num_classes", None)
     if classes != num_classes:
         raise ConfigError(f"the teacher {model_name} predicts {classes} classes, the task has {num_classes}: "
                           f"a teacher must be fine-tuned on the same classes (--teacher-adapter)")

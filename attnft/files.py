@@ -22,6 +22,11 @@ from .errors import StoreError
 
 PathLike = Union[str, os.PathLike]
 
+# the files of an adapter folder, peft's names, in both formats (attnft's and peft's)
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+CARD_FILE = "README.md"
+
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 
@@ -209,3 +214,15 @@ def _exchange(src: Path, dst: Path) -> None:
     os.rename(src, dst)
     os.rename(aside / "old", src)
     aside.rmdir()
+
+
+# a temporary entry and a run's lock name the pid of their writer: alive, they are in use
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (someone else's counts: it cannot be signalled)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -38,14 +38,13 @@ from .adapters import (
     save_adapter,
     verify_adapter,
 )
-from .errors import ConfigError
-from .files import folder_bytes
+from .errors import AdapterError, ConfigError
+from .files import PathLike, folder_bytes
 from .peft_methods.sidecar import SIDECAR_FILE as PEFT_SIDECAR_FILE  # the sidecar module imports no peft
 from .peft_methods.sidecar import SIDECAR_FORMAT, PeftAdapterInfo, is_peft_adapter, read_peft_adapter, unprefixed
 from .policy import PolicyReport
 from .roles import is_under
 
-PathLike = Union[str, os.PathLike]
 
 
 @dataclass
@@ -87,7 +86,8 @@ class AdapterFormat:
     def save(
         self, path: Path, model: nn.Module, report, base=None, *, label_names: Optional[list] = None,
         data_config: Optional[dict] = None, input_size: Optional[int] = None, model_name: Optional[str] = None,
-        training: Optional[dict] = None, overwrite: bool = False, mode: str = "exact", title: Optional[str] = None,
+        training: Optional[dict] = None, overwrite: bool = False, mode: str = "exact", delta_dtype: str = "float16",
+        license: Optional[str] = None, title: Optional[str] = None,
     ) -> None:
         """Save the adapter ``report`` trained on ``model`` as folder ``path``, atomically; refuses NaN / inf."""
         raise NotImplementedError
@@ -141,11 +141,13 @@ class AttnftFormat(AdapterFormat):
         return not PEFT.detects(path)
 
     def save(self, path, model, report, base=None, *, label_names=None, data_config=None, input_size=None,
-             model_name=None, training=None, overwrite=False, mode="exact", title=None) -> None:
+             model_name=None, training=None, overwrite=False, mode="exact", delta_dtype="float16", license=None,
+             title=None) -> None:
         if base is None:
             raise TypeError("an attnft adapter needs base, the BaseSnapshot captured before training")
-        save_adapter(path, model, report, base, mode=mode, label_names=label_names, data_config=data_config,
-                     input_size=input_size, model_name=model_name, title=title, overwrite=overwrite, training=training)
+        save_adapter(path, model, report, base, mode=mode, delta_dtype=delta_dtype, label_names=label_names,
+                     data_config=data_config, input_size=input_size, model_name=model_name, license=license,
+                     title=title, overwrite=overwrite, training=training)
 
     def config(self, source) -> AdapterConfig:
         return source.config if isinstance(source, Adapter) else read_config(source)
@@ -183,7 +185,8 @@ class PeftFormat(AdapterFormat):
         return is_peft_adapter(path)
 
     def save(self, path, model, report, base=None, *, label_names=None, data_config=None, input_size=None,
-             model_name=None, training=None, overwrite=False, mode="exact", title=None) -> None:
+             model_name=None, training=None, overwrite=False, mode="exact", delta_dtype="float16", license=None,
+             title=None) -> None:
         if base is not None:
             raise TypeError("a peft adapter takes its base fingerprint from its PeftReport: pass no base")
         if mode != "exact":
@@ -205,6 +208,9 @@ class PeftFormat(AdapterFormat):
         shapes = {unprefixed(name): entry["shape"] for name, entry in safetensors_header(weights).items()}
         head = {name: shape for name, shape in shapes.items() if any(is_under(name, m) for m in info.head_modules)}
         check_num_classes(head, info.num_classes, str(path / PEFT_SIDECAR_FILE))
+        if info.label_names is not None and len(info.label_names) != info.num_classes:
+            raise AdapterError(f"{path / PEFT_SIDECAR_FILE} has {len(info.label_names)} label names for "
+                               f"{info.num_classes} classes")
         check_finite_file(weights)
         return info
 

@@ -131,7 +131,12 @@ def export_processor(processor: dict, size: int, data_config: dict) -> dict:
 
 
 def plain_transformers_use(config: "AdapterConfig") -> str:
-    """A model card's section that loads an adapter on its transformers base with transformers and safetensors, no attnft."""
+    """A model card's section that loads an adapter on its transformers base with transformers and safetensors, no attnft.
+
+    At another size than the base's, the base is rebuilt at the adapter's size with each position
+    embedding resampled by the model's own ``interpolate_pos_encoding``, as attnft resampled it
+    (``from_pretrained(..., image_size=N, ignore_mismatched_sizes=True)`` would start it random).
+    """
     base = _base_source(config.model_name)
     return f"""The adapter holds only what training changed: create the base it was trained on at its size and
 classes, then copy each stored tensor in (values, or a delta from the base, as `adapter_config.json` lists them):
@@ -139,14 +144,34 @@ classes, then copy each stored tensor in (values, or a delta from the base, as `
 ```python
 import json
 
+import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForImageClassification
 
 folder = "path/to/this/folder"
 config = json.load(open(f"{{folder}}/adapter_config.json"))
+size = config["input_size"]
 model = AutoModelForImageClassification.from_pretrained(
-    {base!r}, image_size=config["input_size"], num_labels=config["num_classes"], ignore_mismatched_sizes=True,
-)
+    {base!r}, num_labels=config["num_classes"], ignore_mismatched_sizes=True,
+).float()
+vision = getattr(model.config, "vision_config", model.config)  # CLIP keeps its image size there
+if vision.image_size != size:
+    # the base at the adapter's size, each position embedding resampled by the model's own
+    # interpolate_pos_encoding (what model(x, interpolate_pos_encoding=True) does, and attnft did)
+    owners = {{path: m for path, m in model.named_modules() if hasattr(m, "interpolate_pos_encoding")}}
+    state = model.state_dict()
+    vision.image_size = size
+    resized = type(model)(model.config)
+    for name, tensor in resized.state_dict().items():
+        if state[name].shape != tensor.shape:
+            owner = next((m for path, m in owners.items() if name.startswith(path + ".")), None)
+            if owner is None:  # e.g. BEiT's relative position tables, which attnft resamples as timm does
+                raise ValueError(f"{{name}} follows the input size: use the merged export (attnft adapters export)")
+            with torch.no_grad():
+                resampled = owner.interpolate_pos_encoding(torch.zeros(1, *tensor.shape[-2:]), size, size)
+            state[name] = resampled.reshape(tensor.shape)
+    resized.load_state_dict(state)
+    model = resized
 state = model.state_dict()  # shares memory with the model's parameters
 for name, stored in load_file(f"{{folder}}/adapter_model.safetensors").items():
     target = state[name]

@@ -12,7 +12,10 @@ calls on a model (timm's interface) is added in one place, :class:`TimmInterface
 front of the model's class under the same name: ``model(x)`` returns the logits tensor,
 ``num_classes``, ``reset_classifier``, ``pretrained_cfg`` (mean, std, crop and interpolation
 from the checkpoint's ``preprocessor_config.json``), ``set_input_size``, and
-``forward_features`` / ``forward_head`` for multi-task batches.
+``forward_features`` / ``forward_head`` for multi-task batches. Such a model pickles
+(``torch.save(model)``, ``copy.deepcopy``) through the plain class and comes back interfaced.
+CLIP's image classifier keeps its image and patch size in ``config.vision_config``
+(:func:`vision_config`, :func:`patch_side`, :func:`image_side` read either).
 
 Resolution: a model asked for at another size is rebuilt with ``config.image_size`` set to it,
 and its absolute position embedding is computed once by the model's own
@@ -31,17 +34,15 @@ import torch
 from torch import nn
 
 from .errors import AdapterError, ConfigError, UnknownModelError
-from .hf_resolution import at_size, check_size
 from .hub import hub_errors
 from .resolution import check_img_size_value
+from .roles import Role, build_role_map
 
 __all__ = ["PREFIX", "is_transformers_name", "is_transformers_model", "create_model", "processor_data_config",
-           "TimmInterface", "PROCESSOR_FILE"]
+           "TimmInterface", "PROCESSOR_FILE", "vision_config", "patch_side", "image_side"]
 
 PREFIX = "transformers:"
 PROCESSOR_FILE = "preprocessor_config.json"
-# top-level classifier attributes of transformers' image classifiers (DeiT's distilled model has two)
-CLASSIFIERS = ("classifier", "cls_classifier", "distillation_classifier")
 # PIL resampling codes (transformers' ``resample``) -> timm's interpolation names
 _PIL_INTERPOLATION = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 _DEFAULT_MEAN, _DEFAULT_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)  # transformers' ViTImageProcessor defaults
@@ -119,6 +120,28 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
+# --- sizes in a config ----------------------------------------------------------------------
+
+
+def vision_config(config):
+    """The config that holds the image and patch size: CLIP's ``vision_config``, else ``config`` itself."""
+    return getattr(config, "vision_config", None) or config
+
+
+def _side(value) -> int:
+    return int(value[-1] if isinstance(value, (list, tuple)) else value)
+
+
+def patch_side(config) -> int:
+    """The patch side in pixels of a transformers config (an int, or (H, W) as some configs write it)."""
+    return _side(vision_config(config).patch_size)
+
+
+def image_side(config) -> int:
+    """The input side in pixels of a transformers config (an int or (H, W))."""
+    return _side(vision_config(config).image_size)
+
+
 # --- building -----------------------------------------------------------------------------
 
 
@@ -134,6 +157,10 @@ def create_model(
 ) -> nn.Module:
     """The transformers image classifier ``name`` at ``img_size`` px (None: its config's size), as
     :func:`attnft.models.create_model` builds timm models. ``kwargs`` override config fields.
+
+    ``checkpoint``: a state dict file with transformers' own keys. ``num_classes`` None takes its
+    classifier's class count (as for timm), another number drops its classifier for a new one. Its
+    position tensors may be at the config's size or, with ``img_size``, already at that size.
 
     Raises UnknownModelError, ConfigError, AdapterError or OfflineError with a one-line reason.
     """
@@ -160,10 +187,10 @@ def create_model(
             model = cls._from_config(config)
         model = model.float()  # as timm models are, whatever dtype the checkpoint was saved in
         processor = _read_processor(source)
-    if checkpoint is not None:
-        _load_checkpoint(model, checkpoint)
     model.__class__ = _interfaced(type(model))
     model.__dict__["_attnft_source"] = {"name": name, "hub_id": None if local else source, "processor": processor}
+    if checkpoint is not None:
+        _load_checkpoint(model, checkpoint, num_classes, img_size)
     if img_size is not None and img_size != model.img_size:
         model.set_input_size(img_size=img_size, name=name)
     if num_classes is not None and num_classes != model.num_classes:
@@ -200,20 +227,48 @@ def _read_processor(source: str) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _load_checkpoint(model: nn.Module, checkpoint: str | Path) -> None:
-    """A state dict file with transformers' own keys, loaded strictly."""
+def _load_checkpoint(model: nn.Module, checkpoint: str | Path, num_classes: Optional[int],
+                     img_size: Optional[int]) -> None:
+    """A state dict file with transformers' own keys, loaded strictly into the model (interfaced).
+
+    The classifier is fitted first: ``num_classes`` None gives the model the checkpoint's classes
+    (0 when it has no classifier), another number drops the checkpoint's classifier when it has
+    other classes (the model's new one is made later). Position tensors of another size than the
+    config's are taken as made at ``img_size`` (the model is resized before loading them).
+    """
     from .models import read_state_dict
 
-    weights = read_state_dict(checkpoint)
+    weights = dict(read_state_dict(checkpoint))
+    roles = build_role_map(model)
+    classifiers = set(_classifiers(model))
+    in_head = [k for k in weights if roles.head_of(k) in classifiers]
+    found = next((int(weights[k].shape[0]) for k in in_head if weights[k].ndim == 2), 0)
+    want = found if num_classes is None else num_classes
+    if want != model.num_classes:
+        model.reset_classifier(want)
+    allowed_missing: set[str] = set()
+    if found != want:
+        for key in in_head:
+            del weights[key]
+        allowed_missing = {k for k in model.state_dict() if roles.head_of(k) in classifiers}
+    grid = set(roles.grid_tensors()) | set(roles.names_with_role(Role.POS_EMBED))
     expected = model.state_dict()
-    missing = [k for k in expected if k not in weights]
+    other_size = [k for k in grid if k in weights and k in expected and weights[k].shape != expected[k].shape]
+    if other_size and img_size is not None and img_size != model.img_size:
+        model.set_input_size(img_size=img_size)  # a checkpoint saved at the size asked for
+        expected = model.state_dict()
+    missing = [k for k in expected if k not in weights and k not in allowed_missing]
     unexpected = [k for k in weights if k not in expected]
     wrong = [k for k in weights if k in expected and weights[k].shape != expected[k].shape]
     if missing or unexpected or wrong:
         parts = [f"{label}: {', '.join(keys[:4])}" for label, keys in
                  (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)) if keys]
-        raise AdapterError(f"checkpoint {checkpoint} does not fit {type(model).__name__}: " + "; ".join(parts))
-    model.load_state_dict(weights)
+        hint = ""
+        if any(k in grid for k in wrong):
+            hint = (f" (its position tensors are for another input size than {model.img_size} px: "
+                    "pass img_size, --res, of the size it was saved at)")
+        raise AdapterError(f"checkpoint {checkpoint} does not fit {type(model).__name__}: " + "; ".join(parts) + hint)
+    model.load_state_dict(weights, strict=False)
 
 
 # --- data config --------------------------------------------------------------------------
@@ -275,8 +330,7 @@ class TimmInterface:
 
     @property
     def img_size(self) -> int:
-        size = self.config.image_size
-        return int(size[-1] if isinstance(size, (list, tuple)) else size)
+        return image_side(self.config)
 
     @property
     def pretrained_cfg(self) -> dict:
@@ -293,36 +347,41 @@ class TimmInterface:
 
     default_cfg = pretrained_cfg
 
+    def __reduce_ex__(self, protocol):
+        """Pickle (``torch.save(model)``, ``copy.deepcopy``) through the plain class: this class has the plain
+        one's module and name, which pickle would look it up by and find the plain class instead."""
+        return _unpickled, (type(self)._attnft_plain_class,), self.__getstate__()
+
     def reset_classifier(self, num_classes: int) -> None:
         """A new classifier for ``num_classes`` (0: none), initialised as transformers does, on the old one's device."""
         reference = next(self.parameters())
-        for attr in CLASSIFIERS:
-            old = getattr(self, attr, None)
-            if not isinstance(old, (nn.Linear, nn.Identity)):
-                continue
+        for path, old in _classifiers(self).items():
             width = old.in_features if isinstance(old, nn.Linear) else _feature_width(self)
             new: nn.Module = nn.Identity()
             if num_classes > 0:
                 new = nn.Linear(width, num_classes, device=reference.device, dtype=reference.dtype)
                 nn.init.trunc_normal_(new.weight, std=getattr(self.config, "initializer_range", 0.02))
                 nn.init.zeros_(new.bias)
-            setattr(self, attr, new)
+            self.set_submodule(path, new)
         self.config.num_labels = num_classes  # id2label becomes LABEL_0, ...
+        self.num_labels = num_classes  # what transformers' forward reads beside the config
 
     def set_input_size(self, img_size, name: Optional[str] = None) -> None:
         """Rebuild for ``img_size`` px (an int or (H, W), square), position tensors resampled; see the module doc."""
+        from .hf_resolution import at_size, check_size
+
         size = img_size if isinstance(img_size, int) else int(img_size[0])
         if not isinstance(img_size, int) and len(set(img_size)) != 1:
             raise ConfigError(f"transformers models take square inputs, not {tuple(img_size)}")
         check_size(self, size, name or self.__dict__["_attnft_source"]["name"])
-        resized = at_size(self, size)
+        resized = at_size(self, size)  # in this model's train / eval mode
         self._modules = resized._modules
         self.config = resized.config
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The backbone's last hidden state (B, tokens, C) of ``x`` (B, 3, H, W)."""
         _head_fn(self)  # refuse a family whose head is unknown before computing anything
-        return self.base_model(x).last_hidden_state
+        return _backbone(self)(x).last_hidden_state
 
     def forward_head(self, features: torch.Tensor) -> torch.Tensor:
         """Logits (B, classes) from :meth:`forward_features`' output, as the family's classifier computes them."""
@@ -330,6 +389,12 @@ class TimmInterface:
 
 
 _INTERFACED: dict[type, type] = {}
+
+
+def _unpickled(plain: type) -> nn.Module:
+    """An empty instance of ``plain`` interfaced, which unpickling fills with the pickled state."""
+    cls = _interfaced(plain)
+    return cls.__new__(cls)
 
 
 def _interfaced(cls: type) -> type:
@@ -343,9 +408,27 @@ def _interfaced(cls: type) -> type:
     return _INTERFACED[cls]
 
 
+def _classifiers(model: nn.Module) -> dict[str, nn.Module]:
+    """The classifiers among the role map's head modules (DeiT's distilled model has two): path -> module,
+    an ``nn.Linear``, or ``nn.Identity`` when built without classes."""
+    out = {}
+    for path in build_role_map(model).head_modules():
+        module = model.get_submodule(path)
+        if isinstance(module, (nn.Linear, nn.Identity)):
+            out[path] = module
+    return out
+
+
+def _backbone(model: nn.Module) -> nn.Module:
+    """The backbone, whose output has ``last_hidden_state``: ``base_model``, or CLIP's vision tower (CLIP's
+    ``base_model_prefix`` names the two-tower model, which its image classifier does not hold)."""
+    base = model.base_model
+    return base if base is not model else model.vision_model
+
+
 def _feature_width(model: nn.Module) -> int:
     """Input width of a classifier the model was built without (num_labels=0)."""
-    width = getattr(model.base_model, "num_features", None) or model.config.hidden_size
+    width = getattr(_backbone(model), "num_features", None) or vision_config(model.config).hidden_size
     return 2 * width if model.config.model_type.startswith("dinov2") else width  # [cls | mean of patches]
 
 
@@ -371,6 +454,10 @@ def _swin_head(model, features):
     return model.classifier(torch.flatten(model.base_model.pooler(features.transpose(1, 2)), 1))
 
 
+def _patch_mean_head(model, features):  # CLIP: mean of the patch tokens, no norm
+    return model.classifier(features[:, 1:].mean(dim=1))
+
+
 _HEADS: dict[str, Callable] = {
     "ViTForImageClassification": _cls_token_head,
     "DeiTForImageClassification": _cls_token_head,
@@ -380,6 +467,7 @@ _HEADS: dict[str, Callable] = {
     "BeitForImageClassification": _pooler_head,
     "SwinForImageClassification": _swin_head,
     "Swinv2ForImageClassification": _swin_head,
+    "CLIPForImageClassification": _patch_mean_head,
 }
 
 

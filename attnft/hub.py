@@ -25,7 +25,7 @@ def hub_errors(subject: str, *, hint: str = "", missing: type[AttnftError] = Sto
     """
     try:
         yield
-    except (OSError, ValueError) as error:  # every hub error is one of these
+    except Exception as error:  # the hub's errors have no common base (EntryNotFoundError is no OSError)
         user_error = _user_error(error, subject, hint, missing)
         if user_error is None:
             raise
@@ -40,8 +40,10 @@ def _user_error(error: BaseException, subject: str, hint: str, missing: type[Att
     seen = set()
     while error is not None and id(error) not in seen:  # the error and what it was raised from
         seen.add(id(error))
-        if isinstance(error, (OfflineModeIsEnabled, LocalEntryNotFoundError)):  # before EntryNotFoundError: a subclass
+        if isinstance(error, LocalEntryNotFoundError):  # before EntryNotFoundError: a subclass
             return OfflineError(f"{subject}: not in the local Hugging Face cache and the hub cannot be reached offline {OFFLINE}{hint}")
+        if isinstance(error, OfflineModeIsEnabled):  # an upload, or a download offline mode refused
+            return OfflineError(f"{subject}: the hub cannot be reached offline {OFFLINE}{hint}")
         if isinstance(error, (RepositoryNotFoundError, EntryNotFoundError, HFValidationError)):
             return missing(f"{subject}: not found on the hub ({_first_line(error)})")
         if isinstance(error, HfHubHTTPError):

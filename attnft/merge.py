@@ -20,14 +20,14 @@ package registers) is refused before anything is written (:mod:`attnft.plain_tim
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
 from torch import nn
 
-from .adapters import Adapter, AdapterConfig, load_adapter, read_adapter, write_directory_atomically
+from .adapters import Adapter, AdapterConfig, load_adapter, read_adapter
+from .files import PathLike, write_directory_atomically
 from .errors import StoreError
 from .plain_timm import TimmBuild, describe_model
 
@@ -37,7 +37,6 @@ EXPORT_CARD = "README.md"
 # the keys of a data config that describe preprocessing (input_size follows the model itself)
 DATA_KEYS = ("mean", "std", "crop_pct", "crop_mode", "interpolation")
 
-PathLike = Union[str, os.PathLike]
 
 
 @dataclass
@@ -46,6 +45,7 @@ class ExportResult:
 
     folder: Path
     build: TimmBuild  # architecture and model_args, as config.json holds them
+    library = "timm"  # what loads it alone (hf_export's says transformers)
 
     @property
     def weights(self) -> Path:

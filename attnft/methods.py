@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Optional, Union
 from torch import nn
 
 from .errors import UnknownPolicyError
+from .fingerprint import BaseSnapshot
 from .policy import Policy, PolicyReport, apply_policy, check_blocks, resolve_policy
 
 if TYPE_CHECKING:
-    from .adapters import BaseSnapshot
     from .peft_methods import PeftPolicy, PeftReport
 
 
@@ -33,9 +33,9 @@ class Applied:
     """A method applied to a model: what trains and is saved, and what was captured before training."""
 
     model: nn.Module  # what trains and is saved (the PeftModel for peft, else the model itself)
-    backbone: nn.Module  # the plain timm model the role map names
+    backbone: nn.Module  # the plain base model the role map names
     report: Union[PolicyReport, "PeftReport"]
-    base: Optional["BaseSnapshot"]  # the base's fingerprint and start values (freezing); None for peft
+    base: Optional[BaseSnapshot]  # the base's fingerprint and start values (freezing); None for peft
 
     def optimizer_params(self, weight_decay: float):
         """What ``timm.optim.create_optimizer_v2`` takes: the model, whose parameters timm groups
@@ -67,7 +67,8 @@ class Method:
         """UnknownPolicyError if ``@BLOCKS`` names a block a model of ``num_blocks`` blocks does not have."""
         check_blocks(self.blocks, num_blocks, self.spec, model_name)
 
-    def apply(self, model: nn.Module) -> Applied:
+    def apply(self, model: nn.Module, *, capture_base: bool = True) -> Applied:
+        """What trains on ``model``; ``capture_base=False`` skips the base's snapshot (a report needs none)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -79,12 +80,10 @@ class FreezingMethod(Method):
 
     is_peft = False
 
-    def apply(self, model: nn.Module) -> Applied:
+    def apply(self, model: nn.Module, *, capture_base: bool = True) -> Applied:
         """Freeze ``model`` by the policy and snapshot the base, before any weight moves."""
-        from .adapters import BaseSnapshot  # attnft.adapters parses the policies it loads here
-
         report = apply_policy(model, self.policy)
-        return Applied(model, model, report, BaseSnapshot.capture(model, report))
+        return Applied(model, model, report, BaseSnapshot.capture(model, report) if capture_base else None)
 
 
 class PeftPolicyMethod(Method):
@@ -92,7 +91,7 @@ class PeftPolicyMethod(Method):
 
     is_peft = True
 
-    def apply(self, model: nn.Module) -> Applied:
+    def apply(self, model: nn.Module, *, capture_base: bool = True) -> Applied:
         """Wrap ``model`` (changed in place) in a PeftModel; the report holds the base's fingerprint."""
         from .peft_methods import apply_peft_policy
 

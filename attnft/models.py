@@ -223,7 +223,9 @@ def model_img_size(model: nn.Module) -> tuple[int, int]:
 def patch_grid(model: nn.Module) -> Optional[tuple[int, int]]:
     """The (H, W) token grid of the patch embedding, or None for models without one."""
     if is_transformers_model(model):
-        side = model.img_size // int(getattr(model.config, "patch_size", 1))
+        from .hf_models import patch_side
+
+        side = model.img_size // patch_side(model.config)
         return side, side
     grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
     return tuple(int(g) for g in grid) if grid is not None else None

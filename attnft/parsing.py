@@ -58,7 +58,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_cls: type, reci
         name = f.metadata.get("group") or "options"
         if name not in groups:
             groups[name] = parser.add_argument_group(name)
-        kind, optional = base_type(hints[f.name])
+        kind, _ = base_type(hints[f.name])
         flag = "--" + f.name.replace("_", "-")
         default_text = _default_text(f)
         help_text = f.metadata.get("help", "") + (f" (default: {default_text})" if default_text else "")

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 from .config import FinetuneConfig
 from .errors import StoreError
 from .evaluate import EvalResult
-from .run_folder import CONFIG_FILE, METRICS_FILE, RESULT_FILE
+from .run_folder import METRICS_FILE, RESULT_FILE, RUN_CONFIG_FILE
 
 
 @dataclass
@@ -58,7 +58,7 @@ def format_result(result: FinetuneResult) -> str:
         f"adapter size:    {_megabytes(result.adapter_bytes)} ({result.trainable_params:,} trained weights) vs "
         f"full checkpoint {_megabytes(result.full_checkpoint_bytes)} ({share:.1%})",
         f"adapter saved:   {result.adapter_path}",
-        f"run folder:      {result.output_dir} ({METRICS_FILE}, {RESULT_FILE}, {CONFIG_FILE})",
+        f"run folder:      {result.output_dir} ({METRICS_FILE}, {RESULT_FILE}, {RUN_CONFIG_FILE})",
     ])
 
 

@@ -29,7 +29,9 @@ import torch
 from torch import nn
 
 from .families import Family, backbone_of, family_of
-from .families.timm import TIMM
+
+# torch has nn.RMSNorm from 2.4 on; attnft allows 2.1
+_NORM_CLASSES = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
 
 
 class Role(str, Enum):
@@ -232,9 +234,6 @@ class RoleMap:
 
 # --- what claims a role ------------------------------------------------------------------
 
-# timm's head names, kept until attnft.adapters asks ``RoleMap.head_of`` / ``head_modules`` instead
-HEAD_NAMES = TIMM.heads
-
 # Unknown classes fall back to their name so a new family is still mostly right.
 _ATTENTION_LIKE = re.compile(r"Attention|Attn")
 _FFN_LIKE = re.compile(r"Mlp|MLP|SwiGLU|FeedForward|Ffn")
@@ -258,7 +257,7 @@ def is_ffn_module(module: nn.Module, family: Optional[Family] = None) -> bool:
 
 
 def is_norm_module(module: nn.Module, family: Optional[Family] = None) -> bool:
-    if isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm, nn.RMSNorm)):
+    if isinstance(module, _NORM_CLASSES):
         return True
     return "Norm" in _class_name(module) and not is_ffn_module(module, family)
 

@@ -18,14 +18,13 @@ from typing import Optional
 from .config import FinetuneConfig
 from .errors import ConfigError
 from .evaluate import strict_json
-from .files import io_error, remove_entry, write_text_atomically
+from .files import io_error, pid_alive, remove_entry, write_text_atomically
 from .processes import on_main
-from .store import pid_alive
 
 # what a run writes in its output dir
 CHECKPOINT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.yaml"
+RUN_CONFIG_FILE = "config.yaml"
 RESULT_FILE = "result.json"
 LOCK_FILE = "attnft.lock"  # the pid and host of the run that owns the folder
 LOCK_GRACE_S = 5.0  # a lock file without a pid yet is being written for this long at most
@@ -67,9 +66,9 @@ def start_output_dir(output_dir: Path, cfg: FinetuneConfig, resumed_step: Option
             MetricsLog(output_dir / METRICS_FILE).truncate_after(resumed_step)
     except OSError as e:
         raise io_error(e, f"preparing the output dir {output_dir}") from None
-    text = ("# the resolved configuration of this run; attnft finetune --recipe this file repeats it\n"
+    text = ("# the resolved configuration of this run; attnft finetune --recipe this file --overwrite repeats it\n"
             + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    write_text_atomically(output_dir / CONFIG_FILE, text, f"the run's {CONFIG_FILE}")
+    write_text_atomically(output_dir / RUN_CONFIG_FILE, text, f"the run's {RUN_CONFIG_FILE}")
 
 
 # --- owning the output dir -------------------------------------------------------------------

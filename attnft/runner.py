@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .augmentation import describe_aug
-from .checkpoints import Position, find_resume_checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoints import Position, find_resume_checkpoint, load_checkpoint, save_checkpoint
 from .config import FinetuneConfig
 from .divergence import LossWindow, diverged, stop_if_diverged, stop_if_weights_broken
 from .errors import ConfigError, DataError
@@ -46,7 +46,7 @@ from .evaluate import evaluate, strict_json
 from .files import folder_bytes, write_text_atomically
 from .processes import (
     check_runtime, distribution_text, fsdp_keep_frozen_apart, new_accelerator, on_main, precision_text,
-    requested_processes, warn_if_fewer_processes,
+    warn_if_fewer_processes,
 )
 from .results import (
     FinetuneResult, default_adapter_name, eval_record, format_result, save_without_losing, training_record,
@@ -55,20 +55,16 @@ from .run_folder import (
     CHECKPOINT_DIR, METRICS_FILE, RESULT_FILE, MetricsLog, RunLock, check_output_dir_free, check_output_dir_usable,
     start_output_dir,
 )
-from .seeding import RepeatedAugmentationSampler, SeededAugmentation, derive_seed, seed_micro_batch, seeded_rngs
+from .seeding import RepeatedAugmentationSampler, SeededAugmentation, seed_micro_batch
 from .speed import adamw_kwargs, default_workers, enable_tf32, loader_kwargs, maybe_compile
 from .step_clock import StepClock, progress_bar
 
-__all__ = [
-    "FinetuneResult", "Position", "finetune", "new_accelerator", "format_result", "default_adapter_name",
-    "warmup_cosine_schedule", "derive_seed", "seeded_rngs", "SeededAugmentation", "save_checkpoint",
-    "load_checkpoint", "latest_checkpoint", "MetricsLog", "RunLock", "write_text_atomically", "requested_processes",
-]
+__all__ = ["FinetuneResult", "finetune", "warmup_cosine_schedule"]
 
 
 def finetune(cfg: FinetuneConfig) -> FinetuneResult:
     """Fine-tune ``cfg.model`` under ``cfg.policy`` on ``cfg.dataset`` and save the adapter; see the module doc.
-    However the run ends, it leaves nothing installed in this process (the policy's optimizer hook is global)."""
+    However the run ends, the policy's optimizer hook (global to the process) is removed and the trackers are ended."""
     with contextlib.ExitStack() as on_exit:
         return _finetune(cfg, on_exit)
 
@@ -203,6 +199,7 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
             accelerator.project_configuration.set_directories(str(output_dir))
             accelerator.log_with = filter_trackers(cfg.trackers, accelerator.logging_dir)
             accelerator.init_trackers("attnft", config=_tracker_config(cfg))
+            on_exit.callback(accelerator.end_training)  # flushes and closes them, however the run ends
         # metrics.jsonl and every tracker get the same records at the same steps
         metrics = MetricsLog(output_dir / METRICS_FILE, enabled=accelerator.is_main_process,
                              tracker=accelerator if cfg.trackers else None)
@@ -351,8 +348,6 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
             return result
 
         result = on_main(accelerator, save_and_report)
-        if cfg.trackers:
-            accelerator.end_training()
         accelerator.wait_for_everyone()
         return result
 

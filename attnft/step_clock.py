@@ -45,7 +45,8 @@ class StepClock:
     def estimate_from_forward(self, model, eval_loader, grad_accum: int, evaluations: int) -> None:
         """Before anything long: the run's time from one measured forward pass of an eval batch (a
         training step counted as three forwards: forward, and a backward about twice as long)."""
-        batch = next(iter(eval_loader), None)
+        # the first batch with a readable image (the collate gives None for a batch of unreadable ones)
+        batch = next((b for b in eval_loader if b is not None), None)
         if batch is None:
             return
         model.eval()  # every process runs it: a DDP forward may sync buffers; the main one prints

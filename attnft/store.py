@@ -8,7 +8,7 @@ write first clears the hidden entries killed writers left behind (:meth:`Adapter
 
 Two formats live side by side: attnft's own (from a freezing policy) and peft's (from ``lora`` /
 ``ia3`` policies). Each method asks the folder's :class:`attnft.formats.AdapterFormat` once
-(:meth:`AdapterStore.format`); ``read``, ``config``, ``verify`` and ``load`` return that format's types.
+(:func:`attnft.formats.format_of`); ``read``, ``config``, ``verify`` and ``load`` return that format's types.
 """
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING, Optional, Union
 
 from torch import nn
 
-from .adapters import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, Adapter, AdapterConfig, BaseSnapshot
+from .adapters import Adapter, AdapterConfig
+from .files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
+from .fingerprint import BaseSnapshot
 from .errors import AdapterError, AttnftError, StoreError
-from .files import io_error, nearest_existing, remove_directory_atomically, remove_entry, write_directory_atomically
+from .files import io_error, nearest_existing, pid_alive, remove_directory_atomically, remove_entry, write_directory_atomically
 from .formats import PEFT_SIDECAR_FILE, AdapterFormat, AdapterSummary, format_for, format_of
 from .hub import hub_errors
 from .policy import PolicyReport
@@ -132,7 +134,7 @@ class AdapterStore:
         """The format of adapter ``name``; StoreError if it is not stored."""
         return format_of(self.folder(name))
 
-    def format_of(self, name: str) -> str:
+    def format_name(self, name: str) -> str:
         """The name of that format: ``"peft"`` (from a lora / ia3 policy) or ``"attnft"``."""
         return self.format(name).name
 
@@ -152,11 +154,14 @@ class AdapterStore:
         training: Optional[dict] = None,
         overwrite: bool = False,
         mode: str = "exact",
+        delta_dtype: str = "float16",
+        license: Optional[str] = None,
     ) -> Path:
         """Save an adapter under ``name``, in the format of ``report`` (:func:`attnft.formats.format_for`).
 
         A :class:`PolicyReport` (freezing policy): attnft's format, ``base`` being the snapshot
-        taken before training, ``mode`` exact or delta (:func:`attnft.adapters.save_adapter`).
+        taken before training, ``mode`` exact or delta (in ``delta_dtype``), ``license`` for the model card
+        (:func:`attnft.adapters.save_adapter`).
         A :class:`attnft.peft_methods.PeftReport`: ``model`` is the PeftModel, saved in peft's
         format; the report holds the base fingerprint, so no ``base``; ``training`` is kept as the
         sidecar's metadata, the input size and data config are the model's. Refuses NaN / inf.
@@ -165,7 +170,7 @@ class AdapterStore:
         self._clean_stale()
         format_for(report).save(path, model, report, base, label_names=label_names, data_config=data_config,
                                 input_size=input_size, model_name=model_name, training=training,
-                                overwrite=overwrite, mode=mode, title=name)
+                                overwrite=overwrite, mode=mode, delta_dtype=delta_dtype, license=license, title=name)
         return path
 
     def import_folder(self, source: Union[str, os.PathLike], name: str, *, overwrite: bool = False) -> Path:
@@ -302,17 +307,6 @@ def _hf_api():
     from huggingface_hub import HfApi
 
     return HfApi()
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this machine (someone else's counts: it cannot be signalled)."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _last_change(entry: Path) -> float:

@@ -11,7 +11,7 @@ from PIL import Image
 from safetensors.torch import load_file
 from timm.layers import resample_abs_pos_embed
 
-from attnft.bundled import BUNDLED_MODEL, BUNDLED_MODELS, WEIGHTS_PATH, bundled_facts, weights_path
+from attnft.bundled import BUNDLED_MODEL_28, BUNDLED_MODELS, bundled_facts, weights_path
 from attnft.data.fashion_mnist import (
     BUNDLED_DIR, DEBIAN_DIR, LABEL_NAMES, SPLIT_FILES, fashion_mnist_source, read_fashion_mnist, write_fashion_mnist,
 )
@@ -41,16 +41,16 @@ def _accuracy(model, images: np.ndarray, labels: np.ndarray) -> float:
 
 
 def test_bundled_model_is_a_pretrained_timm_model_with_a_local_file():
-    cfg = timm.models.get_pretrained_cfg(BUNDLED_MODEL)
-    assert BUNDLED_MODEL in timm.list_models(pretrained=True, include_tags=False)
-    assert cfg.file == WEIGHTS_PATH and os.path.isfile(cfg.file)
+    cfg = timm.models.get_pretrained_cfg(BUNDLED_MODEL_28)
+    assert BUNDLED_MODEL_28 in timm.list_models(pretrained=True, include_tags=False)
+    assert cfg.file == weights_path(BUNDLED_MODEL_28) and os.path.isfile(cfg.file)
     assert cfg.hf_hub_id is None and cfg.url is None
     assert cfg.input_size == (3, 28, 28) and cfg.num_classes == len(LABEL_NAMES)
     assert tuple(cfg.label_names) == LABEL_NAMES
 
 
 def test_bundled_model_classifies_the_shipped_sample_above_the_floor():
-    model = timm.create_model(BUNDLED_MODEL, pretrained=True)
+    model = timm.create_model(BUNDLED_MODEL_28, pretrained=True)
     images, labels = read_fashion_mnist("test", BUNDLED_DIR)
     assert _accuracy(model, images, labels) >= SAMPLE_ACCURACY_FLOOR
 
@@ -73,8 +73,8 @@ def test_bundled_facts_describe_the_shipped_weights_and_the_accuracy_they_measur
 
 
 def test_bundled_model_at_double_resolution_gets_a_resampled_pos_embed():
-    stored = load_file(WEIGHTS_PATH)["pos_embed"]  # [1, 1 + 7*7, D]
-    model = timm.create_model(BUNDLED_MODEL, pretrained=True, img_size=56)
+    stored = load_file(weights_path(BUNDLED_MODEL_28))["pos_embed"]  # [1, 1 + 7*7, D]
+    model = timm.create_model(BUNDLED_MODEL_28, pretrained=True, img_size=56)
     expected = resample_abs_pos_embed(stored, new_size=(14, 14), old_size=(7, 7), num_prefix_tokens=1)
     assert model.pos_embed.shape == (1, 1 + 14 * 14, stored.shape[-1])
     torch.testing.assert_close(model.pos_embed.data, expected)

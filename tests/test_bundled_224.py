@@ -12,7 +12,7 @@ from PIL import Image
 from safetensors.torch import load_file
 from timm.layers import resample_abs_pos_embed
 
-from attnft.bundled import BUNDLED_MODEL, BUNDLED_MODEL_224, LABEL_NAMES, MEAN, STD, weights_path
+from attnft.bundled import BUNDLED_MODEL_28, BUNDLED_MODEL_224, LABEL_NAMES, MEAN, STD, weights_path
 from attnft.data.fashion_mnist import BUNDLED_DIR, read_fashion_mnist
 from attnft.policy import apply_policy
 from snippets import clean_env
@@ -38,7 +38,7 @@ def test_it_is_a_pretrained_timm_model_at_224_px_whose_weights_ship_under_2_mib(
 
 
 def test_its_grid_is_the_28_px_models_and_384_px_makes_it_12x12_as_224_to_384_makes_vit16s_14x14_24x24():
-    small = timm.create_model(BUNDLED_MODEL)
+    small = timm.create_model(BUNDLED_MODEL_28)
     large = timm.create_model(BUNDLED_MODEL_224, pretrained=True, img_size=384)
     assert timm.create_model(BUNDLED_MODEL_224).patch_embed.grid_size == small.patch_embed.grid_size == (7, 7)
     assert large.patch_embed.grid_size == (12, 12) and 12 / 7 == 24 / 14
@@ -48,7 +48,7 @@ def test_its_grid_is_the_28_px_models_and_384_px_makes_it_12x12_as_224_to_384_ma
 
 
 def test_only_its_patch_embedding_kernel_differs_in_shape_from_the_28_px_models():
-    small, large = load_file(weights_path(BUNDLED_MODEL)), load_file(weights_path(BUNDLED_MODEL_224))
+    small, large = load_file(weights_path(BUNDLED_MODEL_28)), load_file(weights_path(BUNDLED_MODEL_224))
     assert small.keys() == large.keys()
     assert {k for k in small if small[k].shape != large[k].shape} == {"patch_embed.proj.weight"}
     assert large["patch_embed.proj.weight"].shape == (64, 3, 32, 32)
@@ -58,7 +58,7 @@ def test_on_images_upscaled_to_224_px_it_predicts_what_the_28_px_model_predicts_
     images, labels = read_fashion_mnist("test", BUNDLED_DIR)
     images, labels = images[:SAMPLE_IMAGES], labels[:SAMPLE_IMAGES]
     with torch.no_grad():
-        small = timm.create_model(BUNDLED_MODEL, pretrained=True).eval()(_inputs(images, 28)).argmax(-1)
+        small = timm.create_model(BUNDLED_MODEL_28, pretrained=True).eval()(_inputs(images, 28)).argmax(-1)
         large = timm.create_model(BUNDLED_MODEL_224, pretrained=True).eval()(_inputs(images, 224)).argmax(-1)
     assert (large == small).float().mean() >= 0.9
     assert (large.numpy() == labels).mean() >= 0.85

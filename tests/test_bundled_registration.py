@@ -33,7 +33,7 @@ def test_import_attnft_registers_the_bundled_model_once_timm_loads_without_impor
 
 
 def test_import_attnft_after_timm_registers_the_bundled_model_at_once():
-    out = run_python(f"import timm, attnft; print(timm.create_model({bundled.BUNDLED_MODEL!r}, pretrained=True).num_classes)")
+    out = run_python(f"import timm, attnft; print(timm.create_model({bundled.BUNDLED_MODEL_28!r}, pretrained=True).num_classes)")
     assert out.returncode == 0 and out.stdout.split() == ["10"], out.stderr
 
 

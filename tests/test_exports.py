@@ -9,7 +9,7 @@ import timm
 import torch
 
 from attnft.adapters import BaseSnapshot
-from attnft.bundled import BUNDLED_MODEL, MEAN, STD
+from attnft.bundled import BUNDLED_MODEL_28, MEAN, STD
 from attnft.errors import AdapterError
 from attnft.merge import export_merged
 from attnft.models import create_model
@@ -37,8 +37,8 @@ def one_step(model, policy="attn"):
 def bundled(tmp_path_factory):
     """An adapter trained on the bundled ViT at 56 px, exported by the CLI in a fresh process: (model, export folder, stdout)."""
     root = tmp_path_factory.mktemp("bundled")
-    model, report, snapshot = one_step(create_model(BUNDLED_MODEL, img_size=56))
-    AdapterStore(root / "store").save("fmnist56", model, report, snapshot, model_name=BUNDLED_MODEL)
+    model, report, snapshot = one_step(create_model(BUNDLED_MODEL_28, img_size=56))
+    AdapterStore(root / "store").save("fmnist56", model, report, snapshot, model_name=BUNDLED_MODEL_28)
     out = subprocess.run(
         [sys.executable, "-m", "attnft", "adapters", "export", "fmnist56",
          "--store", str(root / "store"), "--out", str(root / "export")],

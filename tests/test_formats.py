@@ -63,7 +63,7 @@ def store(tmp_path, attnft_trained, peft_trained):
 def test_a_folder_is_told_apart_by_peft_s_sidecar(store):
     assert format_of(store.path("cars")) is ATTNFT and format_of(store.path("cars-lora")) is PEFT
     assert not is_peft_adapter(store.path("cars")) and is_peft_adapter(store.path("cars-lora"))
-    assert store.format("cars") is ATTNFT and store.format_of("cars-lora") == "peft"
+    assert store.format("cars") is ATTNFT and store.format_name("cars-lora") == "peft"
 
 
 def test_a_report_picks_the_format_it_is_saved_in(attnft_trained, peft_trained):

@@ -19,7 +19,7 @@ from attnft.multitask import MultiTaskModel
 from attnft.peft_methods import apply_peft_policy
 from attnft.policy import apply_policy
 from attnft.store import AdapterStore
-from snippets import run_isolated
+from snippets import python_blocks, run_isolated, run_with_logits, uses_attnft
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
             patch_size=8, num_labels=3)
@@ -127,6 +127,37 @@ logits = lambda x: model(x).logits
     with torch.no_grad():
         expected = merged(base, store_dir, "colors")(x)
     assert torch.allclose(plain_logits(code, x, tmp_path), expected, atol=1e-5)
+
+
+def plain_card_block(folder) -> str:
+    """The adapter card's code that loads it with transformers alone, its ``model`` made to return logits."""
+    (block,) = [b for b in python_blocks((folder / "README.md").read_text()) if not uses_attnft(b)]
+    return block + "\n_loaded = model\nmodel = lambda x: _loaded(x).logits\n"
+
+
+def test_the_adapter_cards_plain_transformers_code_gives_attnfts_logits_at_another_size(finetuned, base, tmp_path):
+    """At 48 px on a 32 px base: a `head` adapter, whose base position embedding is resampled, not stored,
+    and the `attn` run's, on the base's classes; the card's code runs where attnft cannot be imported."""
+    store_dir, _ = finetuned
+    store = AdapterStore(tmp_path / "store")
+    torch.manual_seed(0)
+    model = create_model(base, img_size=48, num_classes=5)
+    report = apply_policy(model, "head")
+    snapshot = BaseSnapshot.capture(model, report)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    model(torch.randn(4, 3, 48, 48)).pow(2).mean().backward()
+    optimizer.step()
+    store.save("head48", model.eval(), report, snapshot, model_name=base)
+    assert not [n for n in store.read("head48").config.tensors if "position" in n]
+    folders = [store.path("head48"), AdapterStore(store_dir).path("colors")]
+    snippets = []
+    for folder in folders:
+        snippets.append(plain_card_block(folder).replace("path/to/this/folder", str(folder)))
+    x = torch.randn(3, 3, 48, 48)
+    with torch.no_grad():
+        expected = [model(x), merged(base, store_dir, "colors")(x)]
+    for got, want in zip(run_with_logits(snippets, x, tmp_path), expected):
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
 
 
 def test_a_lora_adapter_loads_in_plain_peft_with_the_same_logits(base, tmp_path):

@@ -3,6 +3,10 @@
 Tiny configs (hidden 32, 2 layers, 2 heads, 32 px, 8 px patches, 3 labels) saved to tmp dirs;
 never the hub.
 """
+import io
+import pickle
+from copy import deepcopy
+
 import huggingface_hub
 import pytest
 import torch
@@ -10,9 +14,10 @@ import transformers
 from transformers import AutoModelForImageClassification, ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 from attnft.cli import main
-from attnft.errors import ConfigError, OfflineError, UnknownModelError
-from attnft.hf_models import processor_data_config
+from attnft.errors import AdapterError, ConfigError, OfflineError, UnknownModelError
+from attnft.hf_models import patch_side, processor_data_config
 from attnft.models import create_model, data_config, patch_grid
+from attnft.peft_methods import apply_peft_policy
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
             patch_size=8, num_labels=3)
@@ -158,10 +163,12 @@ FAMILIES = {
 SWIN = dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=2, num_labels=3)
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES) + ["swin"])
+@pytest.mark.parametrize("family", sorted(FAMILIES) + ["swin", "clip"])
 def test_multi_task_features_and_head_recompose_each_familys_logits(family, tmp_path):
     if family == "swin":  # its own config fields: TINY's would map onto its per-stage lists
         model_cls, config = transformers.SwinForImageClassification, transformers.SwinConfig(**SWIN)
+    elif family == "clip":
+        model_cls, config = transformers.CLIPForImageClassification, clip_config()
     else:
         model_cls, config_cls, extra = FAMILIES[family]
         config = config_cls(**TINY, **extra)
@@ -172,3 +179,119 @@ def test_multi_task_features_and_head_recompose_each_familys_logits(family, tmp_
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.allclose(model.forward_head(model.forward_features(x)), model(x), atol=1e-6)
+
+
+# --- pickling, train / eval mode, sizes and classes, checkpoints ---------------------------------------------
+
+
+def test_a_model_pickles_and_torch_saves_with_its_logits(vit_dir):
+    model = create_model(vit_dir, img_size=48).eval()
+    x = torch.randn(2, 3, 48, 48)
+    back = pickle.loads(pickle.dumps(model))
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for copy in (back, loaded, deepcopy(model)):
+        assert type(copy) is type(model) and copy.img_size == 48 and copy.pretrained_cfg == model.pretrained_cfg
+        with torch.no_grad():
+            assert torch.equal(copy(x), model(x))
+
+
+def test_every_module_keeps_the_models_mode_through_a_resolution_change(vit_dir):
+    model = create_model(vit_dir, img_size=48, hidden_dropout_prob=0.5, attention_probs_dropout_prob=0.5)
+    assert not model.training and not [name for name, m in model.named_modules() if m.training]
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        assert torch.equal(model(x), model(x))  # no dropout in eval mode
+    model.train()
+    model.set_input_size(img_size=40)
+    assert not [name for name, m in model.named_modules() if not m.training]
+
+
+def test_a_resolution_change_refuses_a_model_with_an_adapter_injected(vit_dir):
+    model, _ = apply_peft_policy(create_model(vit_dir), "lora")
+    with pytest.raises(AdapterError, match=r"cannot rebuild .* has no vit\.layers\.0\.attention\.\w+\.weight"):
+        model.get_base_model().set_input_size(img_size=48)
+
+
+def test_a_new_classifier_is_what_a_labelled_forward_uses(vit_dir):
+    model = create_model(vit_dir)
+    model.reset_classifier(5)
+    assert model.num_labels == 5 and model.config.num_labels == 5 and model.num_classes == 5
+    out = model(torch.randn(2, 3, 32, 32), labels=torch.tensor([4, 0]))
+    assert out.logits.shape == (2, 5) and torch.isfinite(out.loss)
+
+
+def test_a_distilled_deit_gets_both_classifiers_new(tmp_path):
+    folder = save_tiny(tmp_path / "deit", transformers.DeiTForImageClassificationWithTeacher, transformers.DeiTConfig)
+    model = create_model(folder, num_classes=5)
+    assert model.cls_classifier.out_features == 5 and model.distillation_classifier.out_features == 5
+    model.reset_classifier(0)
+    assert isinstance(model.cls_classifier, torch.nn.Identity) and model(torch.randn(1, 3, 32, 32)).shape == (1, 32)
+
+
+def clip_config(**overrides):
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+                  patch_size=8)
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    return transformers.CLIPConfig(vision_config=vision, text_config=text, num_labels=3, **overrides)
+
+
+def test_a_clip_image_classifier_reads_its_sizes_from_its_vision_config(tmp_path):
+    torch.manual_seed(0)
+    transformers.CLIPForImageClassification(clip_config()).eval().save_pretrained(tmp_path / "clip")
+    folder = str(tmp_path / "clip")
+    reference = plain(folder)
+    model = create_model(folder).eval()
+    assert model.img_size == 32 and patch_grid(model) == (4, 4) and data_config(model)["input_size"] == (3, 32, 32)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(model(x), reference(x).logits)
+    resized = create_model(folder, img_size=48, num_classes=5).eval()
+    assert resized.config.vision_config.image_size == 48 and patch_grid(resized) == (6, 6)
+    big = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        assert resized(big).shape == (2, 5)
+        resized.reset_classifier(3)
+        resized.classifier.load_state_dict(reference.classifier.state_dict())
+        assert torch.allclose(resized(big), reference(big, interpolate_pos_encoding=True).logits, atol=1e-6)
+
+
+def test_a_list_patch_size_gives_the_grid_and_size_checks(tmp_path):
+    folder = save_tiny(tmp_path / "list", patch_size=[8, 8])
+    model = create_model(folder)
+    assert patch_side(model.config) == 8 and patch_grid(model) == (4, 4)
+    assert patch_grid(create_model(folder, img_size=48)) == (6, 6)
+    with pytest.raises(ConfigError, match="multiple of 8"):
+        create_model(folder, img_size=44)
+
+
+def save_state(model, path):
+    torch.save(model.state_dict(), path)
+    return path
+
+
+def test_a_checkpoint_gives_its_class_count_or_its_classifier_is_replaced(vit_dir, tmp_path):
+    torch.manual_seed(1)
+    other = ViTForImageClassification(ViTConfig(**{**TINY, "num_labels": 5})).eval()
+    checkpoint = save_state(other, tmp_path / "five.pt")
+    x = torch.randn(2, 3, 32, 32)
+    model = create_model(vit_dir, checkpoint=checkpoint).eval()
+    assert model.num_classes == 5 and model.num_labels == 5
+    with torch.no_grad():
+        assert torch.equal(model(x), other(x).logits)
+    replaced = create_model(vit_dir, checkpoint=checkpoint, num_classes=3)
+    assert replaced.num_classes == 3
+    assert torch.equal(replaced.vit.embeddings.position_embeddings, other.vit.embeddings.position_embeddings)
+
+
+def test_a_checkpoint_saved_at_the_size_asked_for_loads_at_that_size(vit_dir, tmp_path):
+    saved = create_model(vit_dir, img_size=48).eval()
+    checkpoint = save_state(saved, tmp_path / "at48.pt")
+    model = create_model(vit_dir, checkpoint=checkpoint, img_size=48).eval()
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        assert torch.equal(model(x), saved(x))
+    with pytest.raises(AdapterError, match="wrong shape: vit.embeddings.position_embeddings.*pass img_size"):
+        create_model(vit_dir, checkpoint=checkpoint)

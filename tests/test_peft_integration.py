@@ -88,10 +88,10 @@ def attnft(capsys, *argv):
 
 def test_a_peft_report_is_saved_in_peft_format_with_the_sidecar(store):
     path = store.path("cars-lora")
-    assert is_peft_adapter(path) and store.format_of("cars-lora") == "peft"
+    assert is_peft_adapter(path) and store.format_name("cars-lora") == "peft"
     assert {p.name for p in path.iterdir()} >= {CONFIG_FILE, WEIGHTS_FILE, peft_methods.SIDECAR_FILE}
     assert json.loads((path / CONFIG_FILE).read_text())["peft_type"] == "LORA"
-    assert store.format_of(ATTNFT_TASK) == "attnft"
+    assert store.format_name(ATTNFT_TASK) == "attnft"
 
 
 def test_a_peft_adapter_takes_its_fingerprint_from_its_report_not_a_base_snapshot(tmp_path, trained):
@@ -138,7 +138,7 @@ def test_load_returns_a_peft_model_with_the_trained_logits(store, trained):
 def test_import_copies_a_peft_adapter_with_its_sidecar(store, tmp_path):
     other = AdapterStore(tmp_path / "other")
     other.import_folder(store.path("cars-lora"), "imported")
-    assert other.format_of("imported") == "peft" and other.verify("imported").method == "lora"
+    assert other.format_name("imported") == "peft" and other.verify("imported").method == "lora"
 
 
 def test_import_refuses_a_broken_peft_adapter(store, tmp_path):

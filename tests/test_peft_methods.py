@@ -457,3 +457,10 @@ def test_a_removed_task_is_no_longer_served(tmp_path):
     memory = served.memory_bytes()
     assert memory["task1.v1"] > 0 and memory["total"] == memory["shared"] + memory["task1.v1"]
 
+
+
+def test_tensors_left_out_by_blocks_are_not_reported_as_unwrappable():
+    _, everywhere = apply_peft_policy(tiny_model("eva"), "lora")  # q_bias / v_bias: no Linear holds them
+    _, one_block = apply_peft_policy(tiny_model("eva"), "lora@0")
+    assert everywhere.targets.untargeted == [f"blocks.{b}.attn.{t}_bias" for b in (0, 1) for t in "qv"]
+    assert one_block.targets.untargeted == ["blocks.0.attn.q_bias", "blocks.0.attn.v_bias"]

@@ -16,8 +16,11 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 @pytest.fixture
 def readme_store(tmp_path):
-    """./adapters with the quick start's adapter and a 'digits-56' adapter on the same base."""
+    """./adapters with the quick start's adapter, and two adapters of the small bundled ViT at 56 px (multi-task)."""
     store = str(tmp_path / "adapters")
+    assert main(["finetune", "--policy", "attn", "--res", "384", "--steps", "1", "--batch-size", "8", "--workers", "0",
+                 "--no-progress", "--no-eval-before", "--store", store, "--max-train", "16", "--max-eval", "16",
+                 "--output-dir", str(tmp_path / "r0")]) == 0
     # the README's multi-task example: the 28 px bundled ViT at 56 px
     common = ["--model", "vit_fmnist_patch4_28", "--res", "56", "--steps", "1", "--batch-size", "8", "--workers", "0",
               "--no-progress", "--no-eval-before", "--store", store, "--max-eval", "16"]

@@ -43,13 +43,13 @@ def _roles(model):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_every_parameter_has_exactly_one_role_and_none_is_other(family):
+def test_every_parameter_has_exactly_one_role_and_none_is_other_but_swins_patch_merging(family):
     model = _tiny(family)
     role_map = build_role_map(model)
     assert role_map.names() == [name for name, _ in model.named_parameters()]
     assert all(len(role_map.of(name)) == 1 for name in role_map.names())
     others = [e.name for e in role_map if e.role == Role.OTHER]
-    assert not others
+    assert all(".downsample.reduction." in name for name in others), others  # timm's Swin reads it so too
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -147,7 +147,9 @@ def test_swin_relative_tables_and_patch_merging():
     roles = _roles(model)
     table = "swin.encoder.layers.0.blocks.0.attention.relative_position_bias.relative_position_bias_table"
     assert roles[table] == Role.ATTENTION and role_map.is_grid_sized(table)
-    assert roles["swin.encoder.layers.0.downsample.reduction.weight"] == Role.PATCH_EMBED
+    # as timm's SwinTransformer: the merging's linear is "other", its norm a norm
+    assert roles["swin.encoder.layers.0.downsample.reduction.weight"] == Role.OTHER
+    assert roles["swin.encoder.layers.0.downsample.norm.weight"] == Role.NORM
     assert role_map.block_path(1) == "swin.encoder.layers.1.blocks.0"
 
 

@@ -113,10 +113,6 @@ def test_finetune_saves_an_adapter_that_attnft_eval_scores_exactly_as_the_run_re
 
 def test_with_no_model_or_dataset_the_bundled_vit_is_fine_tuned_on_fashion_mnist(tmp_path, capsys):
     """The quick demo, `attnft finetune --policy attn --res 384`, cut to a few steps."""
-    from attnft.bundled import WEIGHTS_PATH
-
-    if not os.path.isfile(WEIGHTS_PATH):
-        pytest.skip("the bundled weights are not built yet")
     store = str(tmp_path / "store")
     assert main(["finetune", "--policy", "attn", "--res", "384", "--store", store, "--output-dir", str(tmp_path / "run"),
                  "--max-train", "128", "--max-eval", "64", "--batch-size", "32", "--workers", "0",

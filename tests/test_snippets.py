@@ -13,7 +13,7 @@ import torch
 from timm.models._hub import save_for_hf
 
 from attnft.adapters import BaseSnapshot
-from attnft.bundled import BUNDLED_MODEL, BUNDLED_MODEL_224, LABEL_NAMES, WEIGHTS_PATH, weights_path
+from attnft.bundled import BUNDLED_MODEL_28, BUNDLED_MODEL_224, LABEL_NAMES, weights_path
 from attnft.cli import main
 from attnft.merge import create_base
 from attnft.models import create_model
@@ -88,7 +88,7 @@ def test_run_isolated_refuses_to_import_attnft(tmp_path):
     assert run_isolated("import json", tmp_path).returncode == 0
 
 
-@pytest.mark.parametrize("bundled_name, res", [(BUNDLED_MODEL, 56), (BUNDLED_MODEL_224, 384)])
+@pytest.mark.parametrize("bundled_name, res", [(BUNDLED_MODEL_28, 56), (BUNDLED_MODEL_224, 384)])
 def test_the_bundled_adapters_card_runs_in_plain_timm_and_with_attnft(tmp_path, bundled_name, res):
     store = AdapterStore(tmp_path / "store")
     model = trained_adapter(store, "fmnist", bundled_name, img_size=res)
@@ -129,13 +129,13 @@ def quiet_peft():
 
 
 def test_a_peft_adapters_card_is_filled_and_runs_with_plain_peft_and_with_attnft(tmp_path, quiet_peft):
-    base = create_model(BUNDLED_MODEL, img_size=56)
+    base = create_model(BUNDLED_MODEL_28, img_size=56)
     peft_model, report = apply_peft_policy(copy.deepcopy(base), "lora:r=4")
     optimizer = torch.optim.SGD([p for p in peft_model.parameters() if p.requires_grad], lr=0.5)
     peft_model(random_input(base)).pow(2).mean().backward()
     optimizer.step()
     store = AdapterStore(tmp_path / "store")
-    store.save("fmnist-lora", peft_model.eval(), report, model_name=BUNDLED_MODEL, label_names=list(LABEL_NAMES),
+    store.save("fmnist-lora", peft_model.eval(), report, model_name=BUNDLED_MODEL_28, label_names=list(LABEL_NAMES),
                training={"dataset": "fashion-mnist", "top1": 91.25})
     card = (store.path("fmnist-lora") / "README.md").read_text()
     assert "[More Information Needed]" not in card
@@ -144,5 +144,5 @@ def test_a_peft_adapters_card_is_filled_and_runs_with_plain_peft_and_with_attnft
     x = random_input(base)
     with torch.no_grad():
         expected = peft_model(x)
-    replace = {"path/to/this/folder": store.path("fmnist-lora"), BUNDLED_WEIGHTS: WEIGHTS_PATH}
+    replace = {"path/to/this/folder": store.path("fmnist-lora"), BUNDLED_WEIGHTS: weights_path(BUNDLED_MODEL_28)}
     assert_every_block_gives(expected, python_blocks(card), x, tmp_path, replace)

@@ -104,6 +104,14 @@ def test_delete_removes_the_adapter_and_only_it(store):
     assert sorted(p.name for p in store.root.iterdir()) == ["flowers.v2"]
 
 
+def test_save_passes_the_delta_dtype_and_license_to_the_format(tmp_path, vit):
+    model, report, snapshot, _ = vit
+    store = AdapterStore(tmp_path / "store")
+    store.save("bf16", model, report, snapshot, mode="delta", delta_dtype="bfloat16", license="mit")
+    assert store.config("bf16").delta_dtype == "bfloat16"
+    assert "license: mit" in (store.path("bf16") / "README.md").read_text()
+
+
 def test_missing_adapter_is_a_store_error(store):
     with pytest.raises(StoreError, match="no adapter named 'boats'"):
         store.read("boats")

@@ -10,11 +10,9 @@ import torch
 from torch import nn
 
 from ..errors import AdapterError
+from ..files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE  # noqa: F401  (re-exported: the adapter format's files)
 from ..roles import Region
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
-CARD_FILE = "README.md"
 FORMAT = "attnft-adapter"
 FORMAT_VERSION = 1
 MODES = ("exact", "delta")
@@ -25,7 +23,7 @@ DELTA_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 class AdapterConfig:
     """``adapter_config.json``: everything needed to check an adapter fits a model and to use it."""
 
-    model_name: str  # as timm.create_model takes it
+    model_name: str  # as attnft.models.create_model takes it
     timm_version: str
     attnft_version: str
     policy: str  # the policy spec, e.g. "attn"

@@ -23,23 +23,21 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 BUNDLED_DIR = os.path.dirname(os.path.abspath(__file__))
-BUNDLED_MODEL = "vit_fmnist_patch4_28"
+BUNDLED_MODEL_28 = "vit_fmnist_patch4_28"
 BUNDLED_MODEL_224 = "vit_fmnist_patch32_224"
 BUNDLED_TAG = "attnft"
 
 
-def weights_path(name: str = BUNDLED_MODEL) -> str:
+def weights_path(name: str) -> str:
     """The safetensors file of the bundled model ``name``."""
     return os.path.join(BUNDLED_DIR, f"{name}.safetensors")
 
 
-def facts_path(name: str = BUNDLED_MODEL) -> str:
+def facts_path(name: str) -> str:
     """The JSON beside :func:`weights_path`: how the weights were made and what they score."""
     return os.path.join(BUNDLED_DIR, f"{name}.json")
 
 
-WEIGHTS_PATH = weights_path(BUNDLED_MODEL)
-FACTS_PATH = facts_path(BUNDLED_MODEL)
 
 # Fashion-MNIST's classes and train-set pixel statistics, as attnft.data.fashion_mnist has them (a
 # test keeps them equal): importing attnft.data would import 🤗 datasets (1.3 s) whenever timm loads
@@ -55,14 +53,14 @@ MODEL_ARGS = dict(img_size=28, patch_size=4, embed_dim=64, depth=6, num_heads=4,
 # the same 7x7 grid over the image upscaled 8x: each 32 px patch covers the 4x4 source pixels of one above
 MODEL_ARGS_224 = dict(MODEL_ARGS, img_size=224, patch_size=32)
 # name -> the arguments that make it; the weights' own resolution is img_size
-BUNDLED_MODELS = {BUNDLED_MODEL: MODEL_ARGS, BUNDLED_MODEL_224: MODEL_ARGS_224}
+BUNDLED_MODELS = {BUNDLED_MODEL_28: MODEL_ARGS, BUNDLED_MODEL_224: MODEL_ARGS_224}
 # name -> (a timm name of the same class, the arguments that make it this model): timm's ViT-S/16
 # entry point builds timm's VisionTransformer with the same defaults apart from the geometry
 TIMM_EQUIVALENTS = {name: ("vit_small_patch16_224", args) for name, args in BUNDLED_MODELS.items()}
 
 _DESCRIPTIONS = {
-    BUNDLED_MODEL: "Tiny ViT pretrained by attnft on Fashion-MNIST train (60k) at 28 px; recipes/pretrain_fmnist.py",
-    BUNDLED_MODEL_224: f"{BUNDLED_MODEL} for Fashion-MNIST upscaled to 224 px (32 px patches), patch embedding "
+    BUNDLED_MODEL_28: "Tiny ViT pretrained by attnft on Fashion-MNIST train (60k) at 28 px; recipes/pretrain_fmnist.py",
+    BUNDLED_MODEL_224: f"{BUNDLED_MODEL_28} for Fashion-MNIST upscaled to 224 px (32 px patches), patch embedding "
                        "resized and adapted on the upscaled train set (60k); recipes/derive_fmnist_224.py",
 }
 
@@ -106,7 +104,7 @@ def _create(name: str, pretrained: bool, **kwargs) -> VisionTransformer:
 @register_model
 def vit_fmnist_patch4_28(pretrained: bool = False, **kwargs) -> VisionTransformer:
     """ViT for 28x28 inputs: :data:`MODEL_ARGS`."""
-    return _create(BUNDLED_MODEL, pretrained, **kwargs)
+    return _create(BUNDLED_MODEL_28, pretrained, **kwargs)
 
 
 @register_model
@@ -115,7 +113,7 @@ def vit_fmnist_patch32_224(pretrained: bool = False, **kwargs) -> VisionTransfor
     return _create(BUNDLED_MODEL_224, pretrained, **kwargs)
 
 
-def bundled_facts(name: str = BUNDLED_MODEL) -> dict:
+def bundled_facts(name: str) -> dict:
     """How the bundled weights of ``name`` were made and what they score (the JSON beside them)."""
     with open(facts_path(name)) as f:
         return json.load(f)

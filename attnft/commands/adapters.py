@@ -45,7 +45,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing adapter of that name")
     p.set_defaults(action=run_import)
 
-    p = commands.add_parser("export", parents=[store], help="merge into the base and write a checkpoint plain timm loads")
+    p = commands.add_parser("export", parents=[store], help="merge into the base and write a folder plain timm (or, for a transformers base, plain transformers) loads")
     p.add_argument("name")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to create (model.safetensors, config.json, README.md)")
     p.add_argument("--checkpoint", metavar="FILE", default=None, help="the base's weights file (default: its pretrained weights)")
@@ -107,7 +107,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    _PRINT_SHOW[store.format_of(args.name)](info)
+    _PRINT_SHOW[store.format_name(args.name)](info)
     return 0
 
 
@@ -189,7 +189,7 @@ def run_export(args: argparse.Namespace) -> int:
     from ..hf_models import is_transformers_name
 
     store = _store(args)
-    if store.format_of(args.name) == "peft":
+    if store.format_name(args.name) == "peft":
         raise AdapterError(
             f"{args.name} is a peft adapter: export merges attnft adapters; load it with "
             "PeftModel.from_pretrained(base, folder) and call merge_and_unload()"
@@ -199,7 +199,7 @@ def run_export(args: argparse.Namespace) -> int:
     result = exporter.export_adapter(
         adapter, args.out, base_checkpoint=args.checkpoint, ignore_fingerprint=args.ignore_fingerprint, overwrite=args.overwrite
     )
-    print(f"exported {args.name} to {result.folder}; load it with {getattr(result, 'library', 'timm')} alone:\n")
+    print(f"exported {args.name} to {result.folder}; load it with {result.library} alone:\n")
     print(textwrap.indent(result.load_source(), "    "))
     return 0
 

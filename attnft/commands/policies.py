@@ -12,7 +12,7 @@ def add_parser(subparsers) -> None:
         help="show the role map of a model and what a policy trains",
         description="Print every role of MODEL with its parameter count and the share a policy trains.",
     )
-    parser.add_argument("model", help="timm model name, hf-hub:ORG/REPO or local-dir:PATH")
+    parser.add_argument("model", help="timm model name, hf-hub:ORG/REPO, local-dir:PATH or transformers:ORG/REPO")
     parser.add_argument(
         "--policy",
         default="attn",
@@ -27,8 +27,8 @@ def run(args: argparse.Namespace) -> int:
     from ..models import create_model
 
     method = parse_method(args.policy)  # fail on a bad policy before building a model
-    # the role map needs shapes, not weights: never download for a report
+    # the role map needs shapes, not weights: no weights are downloaded for a report (a hub model's config is)
     model = create_model(args.model, pretrained=False)
-    report = method.apply(model).report
+    report = method.apply(model, capture_base=False).report
     print(report.to_json() if args.json else report.format_table())
     return 0

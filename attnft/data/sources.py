@@ -24,7 +24,6 @@ _IMAGE_EXTENSIONS = frozenset(IMAGE_EXTENSIONS)
 _SPLIT_FOLDER_NAMES = frozenset(name for names in SPLIT_KEYWORDS.values() for name in names)
 
 
-
 @dataclass
 class Loaded:
     """Rows of both splits, not yet checked for columns or wrapped."""
@@ -243,6 +242,3 @@ _SPLIT_ALIASES = {"val": "validation", "valid": "validation", "validation": "val
 
 def _concatenate(parts: list):
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-
-
-# ---- columns and labels -------------------------------------------------------------------------

@@ -8,13 +8,10 @@ family; to support a new library, add one :class:`Family` to :data:`FAMILIES`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from torch import nn
-
-_NEVER = re.compile(r"(?!)")
-
 
 @dataclass(frozen=True)
 class Family:
@@ -45,7 +42,7 @@ class Family:
     # the root's attribute that names its backbone attribute (transformers' ``base_model_prefix``):
     # the backbone's children count as top level too, so its pooler is a head
     backbone_attribute: Optional[str] = None
-    layer_scale_prefix: str = field(default="\0")  # classes starting with it are layer scales
+    layer_scale_prefix: str = "\0"  # classes starting with it are layer scales
 
 
 from .timm import TIMM  # noqa: E402  (the tables need Family)

@@ -1,4 +1,4 @@
-"""timm's Vision Transformers (every family attnft supports), by class and attribute name."""
+"""timm's Vision Transformer families, by class and attribute name."""
 import re
 
 from . import Family

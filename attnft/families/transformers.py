@@ -21,8 +21,8 @@ TRANSFORMERS = Family(
     attention=_each("Attention", "SelfAttention", "RelativePositionBias") | {"CLIPAttention"},
     # "*Intermediate" / "*Output" are the FFN's two linears in releases before the MLP classes
     ffn=_each("MLP", "Intermediate", "Output", "SwiGLUFFN") | {"CLIPMLP"},
-    # Swin's patch merging embeds 2x2 patches of one stage as a patch of the next
-    patch_embed=_each("PatchEmbeddings", "PatchMerging"),
+    # Swin's patch merging is no patch embedding, as in timm: its norm is a norm, its linear "other"
+    patch_embed=_each("PatchEmbeddings"),
     blocks=_each("Layer") | {"CLIPEncoderLayer"},
     heads=frozenset({"classifier", "cls_classifier", "distillation_classifier", "pooler", "visual_projection"}),
     patch_embed_attrs=frozenset({"patch_embedding"}),  # CLIP's Conv2d

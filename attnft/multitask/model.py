@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Union
 import torch
 from torch import nn
 
-from ..adapters import Adapter, compute_fingerprint, current_input_size, read_adapter
+from ..adapters import Adapter, current_input_size, read_adapter
+from ..fingerprint import compute_fingerprint
 from ..errors import AdapterError, BaseMismatchError
 from ..peft_methods.sidecar import PeftAdapterInfo, is_peft_adapter
 from ..roles import RoleMap, build_role_map
@@ -91,7 +92,7 @@ class MultiTaskModel(TaskServer[ServedTask]):
         calls) serves them; a mix of formats is an AdapterError.
         """
         names = list(names)
-        peft_tasks = [name for name in names if store.format_of(name) == "peft"]
+        peft_tasks = [name for name in names if store.format_name(name) == "peft"]
         if peft_tasks:
             _refuse_mixed_formats(peft_tasks, names)
             from .peft_serving import PeftMultiTask  # imports peft

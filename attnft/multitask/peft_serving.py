@@ -1,4 +1,4 @@
-"""One timm backbone serving several peft adapters, one task per call or per sample.
+"""One backbone serving several peft adapters, one task per call or per sample.
 
 The peft counterpart of :class:`attnft.multitask.MultiTaskModel`, with the same calls (the
 shared part is :class:`attnft.multitask.serving.TaskServer`)::
@@ -20,7 +20,8 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import ModulesToSaveWrapper
 from torch import nn
 
-from ..adapters import CONFIG_FILE, WEIGHTS_FILE, compute_fingerprint
+from ..files import CONFIG_FILE, WEIGHTS_FILE
+from ..fingerprint import compute_fingerprint
 from ..errors import AdapterError
 from ..peft_methods.files import check_base, load_peft_adapter, verify_peft_adapter
 from ..peft_methods.sidecar import PeftAdapterInfo, read_peft_adapter, unprefixed
@@ -30,7 +31,7 @@ from .serving import TaskServer
 
 
 class PeftMultiTask(TaskServer[PeftAdapterInfo]):
-    """One timm backbone serving several peft adapters, one task per call or per sample.
+    """One backbone serving several peft adapters, one task per call or per sample.
 
     A mixed batch runs once through peft's ``adapter_names`` where peft can do it: LoRA
     adapters without DoRA, heads that are Linear layers, and a family that keeps samples on
@@ -42,7 +43,7 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
 
     def __init__(self, base_model: nn.Module):
         if isinstance(base_model, PeftModel):
-            raise AdapterError("the model already carries peft adapters: pass the plain timm model")
+            raise AdapterError("the model already carries peft adapters: pass the plain base model")
         super().__init__()
         self._base: Optional[nn.Module] = base_model.eval()
         self.base_fingerprint = compute_fingerprint(base_model)  # before peft renames its weights
@@ -67,7 +68,7 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
         """Serve the peft adapter folder ``path`` as task ``name``; BaseMismatchError if it fits another base."""
         self._check_new_task(name)
         adapter = f"task{self._next_id}"
-        info = read_peft_adapter(path)
+        info = verify_peft_adapter(path)  # sizes, sha256, peft's config readable, before anything is served
         if json.loads((info.path / CONFIG_FILE).read_text()).get("bias", "none") != "none":
             # peft trains biases in the base layer itself, which every task shares
             raise AdapterError(f"task {name!r} trains the base's biases (bias != none): it cannot share a base with other tasks")
@@ -75,7 +76,6 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
             self.model = load_peft_adapter(self._base, path, adapter_name=adapter, base_fingerprint=self.base_fingerprint)
             self._base = None
         else:
-            info = verify_peft_adapter(path)
             check_base(info, self.base_fingerprint)
             served = {i.method for i in self._tasks.values()} or {info.method}
             if served != {info.method}:  # one PeftModel holds adapters of one peft type

@@ -50,7 +50,7 @@ _HOMES = {
     "is_peft_spec": ".spec",
     "PeftTargets": ".targets",
     "select_targets": ".targets",
-    "head_modules": ".targets",
+    "modules_to_save": ".targets",
     "adapted_modules": ".targets",
     "PeftReport": ".model",
     "apply_peft_policy": ".model",
@@ -90,4 +90,4 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ load
     from .model import PeftReport, apply_peft_policy, param_groups  # noqa: F401
     from .sidecar import SIDECAR_FILE, SIDECAR_FORMAT, SIDECAR_VERSION, PeftAdapterInfo, is_peft_adapter, read_peft_adapter  # noqa: F401
     from .spec import PEFT_METHODS, IA3Options, LoraOptions, PeftMethod, PeftPolicy, is_peft_spec  # noqa: F401
-    from .targets import PeftTargets, adapted_modules, head_modules, select_targets  # noqa: F401
+    from .targets import PeftTargets, adapted_modules, modules_to_save, select_targets  # noqa: F401

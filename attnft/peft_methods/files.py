@@ -18,20 +18,10 @@ from peft import __version__ as PEFT_VERSION
 from torch import nn
 
 from .. import __version__
-from ..adapters import (
-    CARD_FILE,
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    base_model_args,
-    base_model_name,
-    compute_fingerprint,
-    current_input_size,
-    default_data_config,
-    jsonable,
-    sha256_file,
-    write_directory_atomically,
-)
+from ..adapters.base import base_model_args, base_model_name, current_input_size, default_data_config, jsonable
 from ..errors import AdapterError, BaseMismatchError, ConfigError
+from ..files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, sha256_file, write_directory_atomically
+from ..fingerprint import compute_fingerprint
 from ..roles import is_under
 from .model import PeftReport
 from .sidecar import SIDECAR_FILE, SIDECAR_FORMAT, SIDECAR_VERSION, PeftAdapterInfo, read_peft_adapter, unprefixed
@@ -111,12 +101,15 @@ def peft_model_card(info: PeftAdapterInfo, *, base_model_id: Optional[str] = Non
     """
     from huggingface_hub import ModelCardData
 
+    from ..hf_models import is_transformers_name
+
+    library = "transformers" if is_transformers_name(info.model_name) else "timm"
     metadata = ModelCardData(
         library_name="peft",
         pipeline_tag="image-classification",
         license=license or "other",
         base_model=base_model_id or info.model_name,
-        tags=["attnft", "peft", info.method, "timm", "image-classification", "vision-transformer"],
+        tags=["attnft", "peft", info.method, library, "image-classification", "vision-transformer"],
     )
     roles = ", ".join(f"{role} {count}" for role, count in sorted(Counter(info.targets.values()).items()))
     dc = info.data_config
@@ -152,19 +145,26 @@ in peft's own format; `attnft.json` beside it records the base's fingerprint, wh
 |---|---|
 {table}
 
-## Use with timm and peft alone
+## Use with {library} and peft alone
 
 {_plain_peft_use(info)}
 ## Use with attnft
 
 ```python
-import timm
+{_attnft_create(info, library)}
 from attnft.peft_methods import load_peft_adapter  # importing attnft registers its bundled models in timm
 
-base = timm.create_model("{info.model_name}", pretrained=True, num_classes={info.num_classes}, img_size={info.input_size})
 model = load_peft_adapter(base, "path/to/this/folder")  # checks the base's fingerprint first
 ```
 """
+
+
+def _attnft_create(info: PeftAdapterInfo, library: str) -> str:
+    """The lines that create the adapter's base: timm for a timm base, attnft for a transformers one."""
+    size = f"num_classes={info.num_classes}, img_size={info.input_size}"
+    if library == "transformers":
+        return f'from attnft.models import create_model\n\nbase = create_model("{info.model_name}", {size})'
+    return f'import timm\n\nbase = timm.create_model("{info.model_name}", pretrained=True, {size})'
 
 
 def _first_names(names: list, shown: int = 10) -> str:
@@ -246,7 +246,7 @@ def load_peft_adapter(
     ``base_model`` is changed in place (peft wraps the targeted modules).
     """
     if isinstance(base_model, PeftModel):
-        raise AdapterError("the model already carries peft adapters: pass the plain timm model")
+        raise AdapterError("the model already carries peft adapters: pass the plain base model")
     info = verify_peft_adapter(path)
     check_base(info, base_fingerprint or compute_fingerprint(base_model))
     if info.head_modules and info.num_classes is not None and getattr(base_model, "num_classes", None) != info.num_classes:

@@ -12,7 +12,7 @@ from peft.utils import get_peft_model_state_dict
 from timm.optim import param_groups_weight_decay
 from torch import nn
 
-from ..adapters import compute_fingerprint
+from ..fingerprint import compute_fingerprint
 from ..errors import AdapterError, NoAttentionError, UnknownPolicyError
 from ..policy import CountedByRole, RoleCount
 from ..roles import Role, RoleMap, build_role_map, module_of
@@ -88,7 +88,7 @@ def apply_peft_policy(
     """
     policy = policy if isinstance(policy, PeftPolicy) else PeftPolicy.parse(policy)
     if isinstance(model, PeftModel):
-        raise AdapterError("the model already carries peft adapters: start from a plain timm model")
+        raise AdapterError("the model already carries peft adapters: start from the plain base model")
     role_map = role_map or build_role_map(model)
     if Role.ATTENTION in policy.roles and not role_map.names_with_role(Role.ATTENTION):
         raise NoAttentionError(f"{role_map.model_name} has no attention weights: {policy.name!r} needs a Vision Transformer")

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional, Union
 
-from ..adapters import CONFIG_FILE, WEIGHTS_FILE
+from ..files import CONFIG_FILE, WEIGHTS_FILE
 from ..errors import AdapterError
 
 SIDECAR_FILE = "attnft.json"
@@ -32,7 +32,7 @@ class PeftAdapterInfo:
     path: Path
     method: str  # lora | ia3
     policy: str  # the spec, e.g. "lora+ffn:r=16"
-    model_name: str  # as timm.create_model takes it
+    model_name: str  # as attnft.models.create_model takes it
     model_args: dict  # timm reconstruction kwargs (embed_dim, ...), the JSON-able ones
     input_size: int  # pixels (square side) it was trained at
     num_classes: Optional[int]

@@ -47,8 +47,11 @@ def select_targets(model: nn.Module, policy: PeftPolicy, role_map: RoleMap) -> P
     order = {name: i for i, name in enumerate(modules)}
     chosen = dict(sorted(chosen.items(), key=lambda item: order[item[0]]))
     held = {join_name(name, p) for name in chosen for p, _ in modules[name].named_parameters()}
-    untargeted = list(dict.fromkeys(n for role in policy.roles for n in role_map.names_with_role(role) if n not in held))
-    head = head_modules(model, role_map) if policy.head else []
+    # of the blocks asked for: a tensor @BLOCKS leaves out is not one the method failed to wrap
+    asked = [n for role in policy.roles for n in role_map.names_with_role(role)
+             if policy.blocks is None or role_map.of(n)[0].block is None or role_map.of(n)[0].block in policy.blocks]
+    untargeted = list(dict.fromkeys(n for n in asked if n not in held))
+    head = modules_to_save(model, role_map) if policy.head else []
     return PeftTargets(chosen, head, untargeted)
 
 
@@ -58,7 +61,7 @@ def _module_block(module: nn.Module, name: str, role_map: RoleMap) -> Optional[i
     return role_map.of(join_name(name, first))[0].block
 
 
-def head_modules(model: nn.Module, role_map: RoleMap) -> list[str]:
+def modules_to_save(model: nn.Module, role_map: RoleMap) -> list[str]:
     """The fewest, smallest modules that hold every HEAD parameter (``head``, ``head.fc``, ``fc_norm``, ``attn_pool``).
 
     A module is taken whole when it holds parameters itself (``attn_pool.latent``) or has no
