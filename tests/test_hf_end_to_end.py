@@ -205,3 +205,16 @@ def test_mixed_task_batches_equal_each_tasks_merged_model_with_the_ffn_run_once(
             expected = merged(base, tmp_path / "store", task)(x[i:i + 1])[0]
         assert outputs[i].shape == expected.shape
         assert torch.allclose(outputs[i], expected, atol=1e-5)
+
+
+def test_a_transformers_student_distils_from_a_teacher_through_its_logits(base, images, finetuned, tmp_path, capsys):
+    """`--teacher-adapter` with a transformers base: the teacher is the stored run, served on its base, frozen."""
+    store_dir, _ = finetuned
+    argv = ["finetune", "--model", base, "--policy", "attn", "--res", "48", "--dataset", images, "--store",
+            str(store_dir), "--output-dir", str(tmp_path / "run"), "--batch-size", "8", "--workers", "0",
+            "--no-progress", "--steps", "2", "--name", "student", "--teacher-adapter", "colors",
+            "--distillation", "soft"]
+    assert main(argv) == 0
+    assert "teacher: transformers:" in capsys.readouterr().out
+    training = json.loads((store_dir / "student" / "adapter_config.json").read_text())["training"]
+    assert training["distillation"]["type"] == "soft" and training["distillation"]["teacher_adapter"] == "colors"
