@@ -11,27 +11,26 @@ so that, with nothing but transformers installed::
 
     model = AutoModelForImageClassification.from_pretrained(DIR)   # or "ORG/REPO" once pushed
 
-:func:`attnft.merge.export_adapter` is the same for timm bases; ``attnft adapters export``
-picks this one when the adapter's base is a transformers model.
+:func:`attnft.merge.export_adapter` merges an adapter and writes this folder when its base is a
+transformers model (timm's checkpoint folder otherwise).
 """
 from __future__ import annotations
 
 import copy
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Optional
 
 from torch import nn
 
 from .errors import AdapterError, StoreError
+from .files import PathLike
 from .hf_models import PROCESSOR_FILE, is_transformers_model, no_progress_bars
 
 if TYPE_CHECKING:
-    from .adapters import Adapter, AdapterConfig
+    from .adapters import AdapterConfig
 
-PathLike = Union[str, os.PathLike]
 EXPORT_CARD = "README.md"
 
 
@@ -82,30 +81,6 @@ def export_merged(
 
     write_directory_atomically(out_dir, write, overwrite=overwrite, what=f"export {out_dir.name}")
     return result
-
-
-def export_adapter(
-    adapter: Union[PathLike, "Adapter"],
-    out_dir: PathLike,
-    *,
-    base_model: Optional[nn.Module] = None,
-    base_checkpoint: Optional[PathLike] = None,
-    ignore_fingerprint: bool = False,
-    overwrite: bool = False,
-) -> TransformersExport:
-    """Merge ``adapter`` into its transformers base (``base_model``, or created again from its
-    config's ``model_name``) and export it. Nothing is written unless the adapter verifies and fits."""
-    from .adapters import Adapter, load_adapter, read_adapter
-    from .merge import create_base
-
-    if Path(out_dir).exists() and not overwrite:
-        raise StoreError(f"{out_dir} already exists: pass --overwrite to replace it")
-    adapter = adapter if isinstance(adapter, Adapter) else read_adapter(adapter)
-    model = base_model if base_model is not None else create_base(adapter.config, base_checkpoint)
-    config = load_adapter(model, adapter, ignore_fingerprint=ignore_fingerprint)
-    title = f"{adapter.path.name} (merged)" if adapter.path else None
-    return export_merged(model.eval(), out_dir, data_config=config.data_config, label_names=config.label_names,
-                         title=title, overwrite=overwrite)
 
 
 def export_processor(processor: dict, size: int, data_config: dict) -> dict:

@@ -124,16 +124,24 @@ def export_adapter(
     ignore_fingerprint: bool = False,
     overwrite: bool = False,
 ) -> ExportResult:
-    """Merge ``adapter`` into its base (``base_model``, or built by :func:`create_base`) and export it.
+    """Merge ``adapter`` into its base (``base_model``, or built by :func:`create_base`) and export it:
+    timm's checkpoint folder, or for a transformers base a ``save_pretrained`` folder (:mod:`attnft.hf_export`).
 
     Nothing is written unless the adapter verifies and fits the base.
     """
+    from .hf_models import is_transformers_model
+
     if Path(out_dir).exists() and not overwrite:
         raise StoreError(f"{out_dir} already exists: pass --overwrite to replace it")
     adapter = adapter if isinstance(adapter, Adapter) else read_adapter(adapter)
     model = base_model if base_model is not None else create_base(adapter.config, base_checkpoint)
     config = load_adapter(model, adapter, ignore_fingerprint=ignore_fingerprint)
     title = f"{adapter.path.name} (merged)" if adapter.path else None
+    if is_transformers_model(model):
+        from .hf_export import export_merged as export_transformers
+
+        return export_transformers(model.eval(), out_dir, data_config=config.data_config,
+                                   label_names=config.label_names, title=title, overwrite=overwrite)
     return export_merged(model, out_dir, data_config=config.data_config, label_names=config.label_names, title=title, overwrite=overwrite)
 
 

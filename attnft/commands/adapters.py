@@ -184,9 +184,8 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from .. import hf_export, merge
+    from .. import merge
     from ..errors import AdapterError
-    from ..hf_models import is_transformers_name
 
     store = _store(args)
     if store.format_name(args.name) == "peft":
@@ -195,8 +194,7 @@ def run_export(args: argparse.Namespace) -> int:
             "PeftModel.from_pretrained(base, folder) and call merge_and_unload()"
         )
     adapter = store.read(args.name)
-    exporter = hf_export if is_transformers_name(adapter.config.model_name) else merge  # save_pretrained's folder, or timm's
-    result = exporter.export_adapter(
+    result = merge.export_adapter(  # timm's checkpoint folder, or save_pretrained's for a transformers base
         adapter, args.out, base_checkpoint=args.checkpoint, ignore_fingerprint=args.ignore_fingerprint, overwrite=args.overwrite
     )
     print(f"exported {args.name} to {result.folder}; load it with {result.library} alone:\n")
