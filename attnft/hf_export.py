@@ -98,6 +98,11 @@ def export_processor(processor: dict, size: int, data_config: dict) -> dict:
         out["crop_size"] = {"height": size, "width": size}
     elif isinstance(old, dict) and "shortest_edge" in old:
         out["size"] = {"shortest_edge": size}
+    elif out.get("do_center_crop") and out.get("crop_size") is not None:  # DeiT's: resize to height/width, crop
+        crop_pct = float(data_config.get("crop_pct") or 1.0)
+        side = round(size / crop_pct)
+        out["size"] = {"height": side, "width": side}
+        out["crop_size"] = {"height": size, "width": size}
     else:
         out["size"] = {"height": size, "width": size}
         if out.get("crop_size") is not None:

@@ -207,7 +207,8 @@ def _classifier_class(config) -> type:
         if cls is not None and "ForImageClassification" in arch:
             return cls
     try:
-        return transformers.AutoModelForImageClassification._model_mapping[type(config)]
+        found = transformers.AutoModelForImageClassification._model_mapping[type(config)]
+        return found[0] if isinstance(found, tuple) else found  # DeiT maps to (its classifier, the distilled one)
     except KeyError:
         raise UnknownModelError(f"transformers has no image classifier for model_type {config.model_type!r}") from None
 

@@ -41,6 +41,7 @@ def at_size(model: nn.Module, size: int) -> nn.Module:
     config = copy.deepcopy(model.config)
     vision_config(config).image_size = size
     reference = next(model.parameters())
+    config.dtype = reference.dtype  # else _from_config builds in the checkpoint's saved dtype and rounds the weights
     plain = getattr(type(model), "_attnft_plain_class", type(model))
     target = plain._from_config(config)
     # _from_config builds it in train mode, and its modules replace the model's: each takes the mode of the
@@ -70,6 +71,10 @@ def at_size(model: nn.Module, size: int) -> nn.Module:
         else:
             state[key] = _resampled(model, target, layouts, positions, key, value, tuple(want.shape), size)
     target.load_state_dict(state)
+    # what trains stays as it was (a frozen base stays frozen); hooks on the old modules are not carried over
+    trains = {name: p.requires_grad for name, p in model.named_parameters()}
+    for name, param in target.named_parameters():
+        param.requires_grad_(trains.get(name, param.requires_grad))
     return target.to(device=reference.device, dtype=reference.dtype)
 
 

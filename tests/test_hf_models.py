@@ -117,7 +117,28 @@ def test_a_bf16_checkpoint_is_loaded_in_float32_as_timm_models_are(tmp_path):
     folder = tmp_path / "bf16"
     torch.manual_seed(0)
     ViTForImageClassification(ViTConfig(**TINY)).to(torch.bfloat16).save_pretrained(folder)
-    assert create_model(str(folder)).classifier.weight.dtype == torch.float32
+    model = create_model(str(folder))
+    assert model.classifier.weight.dtype == torch.float32
+    with torch.no_grad():  # float32 values bf16 cannot hold survive a resize
+        model.classifier.weight.add_(1e-4 * torch.arange(model.classifier.weight.numel()).view_as(model.classifier.weight))
+    before = model.classifier.weight.clone()
+    model.set_input_size(img_size=48)
+    assert model.classifier.weight.dtype == torch.float32 and torch.equal(model.classifier.weight, before)
+
+
+def test_a_resize_keeps_what_trains_and_what_is_frozen(vit_dir):
+    model = create_model(vit_dir).requires_grad_(False)
+    model.classifier.weight.requires_grad_(True)
+    model.set_input_size(img_size=48)
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == ["classifier.weight"]
+
+
+def test_a_backbone_checkpoint_of_a_family_with_two_classifiers_gets_the_plain_one(tmp_path):
+    from transformers import DeiTConfig, DeiTModel
+
+    DeiTModel(DeiTConfig(**TINY)).save_pretrained(tmp_path / "deit")
+    model = create_model(str(tmp_path / "deit"), num_classes=4)
+    assert type(model).__name__ == "DeiTForImageClassification" and model(torch.zeros(1, 3, 32, 32)).shape == (1, 4)
 
 
 def test_config_fields_can_be_overridden_and_unknown_ones_are_refused(vit_dir):
@@ -205,8 +226,11 @@ def test_every_module_keeps_the_models_mode_through_a_resolution_change(vit_dir)
     with torch.no_grad():
         assert torch.equal(model(x), model(x))  # no dropout in eval mode
     model.train()
+    model.vit.layers[0].eval()  # a mixed model: each module keeps its own mode
+    modes = {name: m.training for name, m in model.named_modules()}
     model.set_input_size(img_size=40)
-    assert not [name for name, m in model.named_modules() if not m.training]
+    assert {name: m.training for name, m in model.named_modules()} == modes
+    assert not model.vit.layers[0].training and model.vit.layers[1].training
 
 
 def test_a_resolution_change_refuses_a_model_with_an_adapter_injected(vit_dir):
@@ -295,3 +319,18 @@ def test_a_checkpoint_saved_at_the_size_asked_for_loads_at_that_size(vit_dir, tm
         assert torch.equal(model(x), saved(x))
     with pytest.raises(AdapterError, match="wrong shape: vit.embeddings.position_embeddings.*pass img_size"):
         create_model(vit_dir, checkpoint=checkpoint)
+
+
+def test_an_exported_processor_crops_as_attnft_evaluated():
+    """DeiT's processor resizes to 256 x 256 and crops 224: at 384 px the export resizes to 439 and crops 384."""
+    from transformers import DeiTImageProcessor
+
+    from attnft.hf_export import export_processor
+    from attnft.hf_models import processor_data_config
+
+    processor = DeiTImageProcessor().to_dict()
+    data_config = processor_data_config(processor, 384)
+    exported = export_processor(processor, 384, data_config)
+    assert data_config["crop_pct"] == 0.875 and data_config["crop_mode"] == "squash"
+    assert exported["size"] == {"height": 439, "width": 439} and exported["crop_size"] == {"height": 384, "width": 384}
+    assert processor_data_config(exported, 384)["crop_pct"] == pytest.approx(384 / 439)
