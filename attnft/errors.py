@@ -53,3 +53,8 @@ class DivergedError(AttnftError):
 class ReportedElsewhere(AttnftError):
     """Raised on the other processes of a distributed run when the main process stopped it with a
     user error: it exits with code 2 quietly, the main process prints the one line."""
+
+
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """The first line of a library's error message (its type's name if it has none), for a one-line user error."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:limit]

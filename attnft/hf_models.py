@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import nn
 
-from .errors import AdapterError, ConfigError, UnknownModelError
+from .errors import AdapterError, ConfigError, UnknownModelError, first_line
 from .hub import hub_errors
 from .resolution import check_img_size_value
 from .roles import Role, build_role_map
@@ -99,7 +99,7 @@ def _load_errors(name: str) -> Iterator[None]:
                         missing=UnknownModelError):
             yield
     except (OSError, ValueError, KeyError) as e:
-        raise UnknownModelError(f"{name}: transformers cannot load it ({_first_line(e)})") from e
+        raise UnknownModelError(f"{name}: transformers cannot load it ({first_line(e)})") from e
 
 
 @contextlib.contextmanager
@@ -114,10 +114,6 @@ def no_progress_bars() -> Iterator[None]:
     finally:
         if enabled:
             logging.enable_progress_bar()
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
 # --- sizes in a config ----------------------------------------------------------------------

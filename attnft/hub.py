@@ -8,7 +8,7 @@ import contextlib
 from typing import Iterator, Optional
 from urllib.error import URLError
 
-from .errors import AttnftError, OfflineError, StoreError
+from .errors import AttnftError, OfflineError, StoreError, first_line
 
 OFFLINE = "(HF_HUB_OFFLINE=1 or no network)"
 
@@ -45,15 +45,10 @@ def _user_error(error: BaseException, subject: str, hint: str, missing: type[Att
         if isinstance(error, OfflineModeIsEnabled):  # an upload, or a download offline mode refused
             return OfflineError(f"{subject}: the hub cannot be reached offline {OFFLINE}{hint}")
         if isinstance(error, (RepositoryNotFoundError, EntryNotFoundError, HFValidationError)):
-            return missing(f"{subject}: not found on the hub ({_first_line(error)})")
+            return missing(f"{subject}: not found on the hub ({first_line(error)})")
         if isinstance(error, HfHubHTTPError):
-            return StoreError(f"{subject}: {_first_line(error)}")
+            return StoreError(f"{subject}: {first_line(error)}")
         if isinstance(error, URLError):
             return OfflineError(f"{subject}: downloading from the hub failed ({error.reason}){hint}")
         error = error.__cause__ or error.__context__
     return None
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

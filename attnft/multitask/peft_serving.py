@@ -20,9 +20,9 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import ModulesToSaveWrapper
 from torch import nn
 
+from ..errors import AdapterError
 from ..files import CONFIG_FILE, WEIGHTS_FILE
 from ..fingerprint import compute_fingerprint
-from ..errors import AdapterError
 from ..peft_methods.files import check_base, load_peft_adapter, verify_peft_adapter
 from ..peft_methods.sidecar import PeftAdapterInfo, read_peft_adapter, unprefixed
 from ..peft_methods.spec import PEFT_METHODS
@@ -68,14 +68,15 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
         """Serve the peft adapter folder ``path`` as task ``name``; BaseMismatchError if it fits another base."""
         self._check_new_task(name)
         adapter = f"task{self._next_id}"
-        info = verify_peft_adapter(path)  # sizes, sha256, peft's config readable, before anything is served
-        if json.loads((info.path / CONFIG_FILE).read_text()).get("bias", "none") != "none":
+        info = read_peft_adapter(path)  # the sidecar; the weights are verified below, once
+        if _peft_config(info).get("bias", "none") != "none":
             # peft trains biases in the base layer itself, which every task shares
             raise AdapterError(f"task {name!r} trains the base's biases (bias != none): it cannot share a base with other tasks")
         if self.model is None:
             self.model = load_peft_adapter(self._base, path, adapter_name=adapter, base_fingerprint=self.base_fingerprint)
             self._base = None
         else:
+            info = verify_peft_adapter(path)
             check_base(info, self.base_fingerprint)
             served = {i.method for i in self._tasks.values()} or {info.method}
             if served != {info.method}:  # one PeftModel holds adapters of one peft type
@@ -204,3 +205,12 @@ def _adapter_parts(module: nn.Module) -> Iterator[tuple[str, Union[nn.Module, to
 def _nbytes(part: Union[nn.Module, torch.Tensor]) -> int:
     tensors = [part] if isinstance(part, torch.Tensor) else part.state_dict(keep_vars=True).values()
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _peft_config(info: PeftAdapterInfo) -> dict:
+    """peft's adapter_config.json of a served adapter; AdapterError if it cannot be read."""
+    path = info.path / CONFIG_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise AdapterError(f"{path} cannot be read: {e}") from None

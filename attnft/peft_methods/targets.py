@@ -49,7 +49,7 @@ def select_targets(model: nn.Module, policy: PeftPolicy, role_map: RoleMap) -> P
     held = {join_name(name, p) for name in chosen for p, _ in modules[name].named_parameters()}
     # of the blocks asked for: a tensor @BLOCKS leaves out is not one the method failed to wrap
     asked = [n for role in policy.roles for n in role_map.names_with_role(role)
-             if policy.blocks is None or role_map.of(n)[0].block is None or role_map.of(n)[0].block in policy.blocks]
+             if policy.blocks is None or role_map.of(n)[0].block in policy.blocks | {None}]
     untargeted = list(dict.fromkeys(n for n in asked if n not in held))
     head = modules_to_save(model, role_map) if policy.head else []
     return PeftTargets(chosen, head, untargeted)
