@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fnmatch
 import hashlib
 import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -26,24 +29,67 @@ PathLike = Union[str, os.PathLike]
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 CARD_FILE = "README.md"
+SIDECAR_FILE = "attnft.json"  # a peft adapter folder's: what attnft knows about it
+# the files of an export folder: timm's hub layout, or what transformers' save_pretrained writes
+EXPORT_WEIGHTS = "model.safetensors"
+EXPORT_CONFIG = "config.json"
+PROCESSOR_FILE = "preprocessor_config.json"
+
+
+@dataclass(frozen=True)
+class FolderKind:
+    """A kind of folder attnft writes, recognised by its files: ``--overwrite`` replaces only one of these.
+
+    A folder is of this kind when every entry in it is a regular file whose name matches one of
+    ``files`` (fnmatch patterns) and each of ``required`` matches at least one of them; an empty
+    folder holds nothing to lose and may be replaced too.
+    """
+
+    noun: str  # "an adapter", for messages
+    required: tuple[str, ...]
+    files: tuple[str, ...]
+
+    def holds(self, path: PathLike) -> bool:
+        """Whether ``path`` is a folder of this kind (or empty); follows a symlink to a folder."""
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            return False
+        if not all(e.is_file(follow_symlinks=False) and _matches(e.name, self.files) for e in entries):
+            return False
+        names = [e.name for e in entries]
+        return not names or all(any(fnmatch.fnmatchcase(n, pattern) for n in names) for pattern in self.required)
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+ADAPTER_FOLDER = FolderKind("an adapter", required=(CONFIG_FILE, WEIGHTS_FILE), files=(CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, SIDECAR_FILE))
+EXPORT_FOLDER = FolderKind(
+    "an export", required=(EXPORT_CONFIG, "model*.safetensors*"),
+    files=(EXPORT_CONFIG, "model*.safetensors", "model.safetensors.index.json", PROCESSOR_FILE, CARD_FILE),
+)
 
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 
 
-def write_directory_atomically(target: PathLike, write: Callable[[Path], None], *, overwrite: bool = False, what: Optional[str] = None) -> None:
-    """Make folder ``target`` appear complete or not at all.
+def write_directory_atomically(target: PathLike, write: Callable[[Path], None], *, kind: FolderKind,
+                               overwrite: bool = False, what: Optional[str] = None) -> None:
+    """Make folder ``target``, a folder of ``kind``, appear complete or not at all.
 
     ``write(folder)`` fills a hidden temporary folder beside ``target``; its files (made 0644) and
     the folder are fsynced, then it is renamed to ``target`` (refusing an existing one) or, with
-    ``overwrite``, exchanged with it in one step. Any failure removes the temporary folder and
+    ``overwrite``, exchanged with it in one step, if it is a folder of ``kind`` (anything else is
+    refused: a store, another adapter, a folder of the user's). Any failure removes the temporary folder and
     leaves ``target`` as it was; an OSError (full disk, permissions, read-only file system)
     becomes one StoreError line naming ``what`` (default ``adapter NAME``) and the folder. A crash
     leaves at most a hidden ``.tmp-*`` folder, which :meth:`attnft.store.AdapterStore.remove_leftovers` clears.
     """
     target = Path(target)
     doing = f"writing {what or f'adapter {target.name}'} to {target.parent}"
-    _refuse_existing(target, overwrite)
+    check_replaceable_folder(target, overwrite, kind)
     ancestor = nearest_existing(target.parent)
     if not ancestor.is_dir():
         raise StoreError(f"cannot create {target.parent}: {ancestor} is a file, not a folder")
@@ -60,7 +106,7 @@ def write_directory_atomically(target: PathLike, write: Callable[[Path], None], 
             _fsync(item)
         _fsync(tmp)
         if os.path.lexists(target):
-            _refuse_existing(target, overwrite)  # another writer may have been faster
+            check_replaceable_folder(target, overwrite, kind)  # another writer may have been faster
             _exchange(tmp, target)  # tmp now holds the old entry (a symlink, if target was one)
         else:
             _rename_noreplace(tmp, target)
@@ -101,6 +147,7 @@ def write_text_atomically(path: PathLike, text: str, what: str) -> None:
     """Write ``path`` whole or not at all (temporary file, fsync, rename); an OSError (full disk,
     permissions) becomes one StoreError line naming ``what``, and no temporary file is left."""
     path = Path(path)
+    check_replaceable_file(path, what)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -166,11 +213,35 @@ def _os_error_inside(error: Exception) -> Optional[OSError]:
     return OSError(int(match.group(1)), os.strerror(int(match.group(1)))) if match else None
 
 
-def _refuse_existing(target: Path, overwrite: bool) -> None:
+def check_replaceable_folder(target: PathLike, overwrite: bool, kind: FolderKind) -> None:
+    """StoreError unless folder ``target`` is absent, or (with ``overwrite``) a folder of ``kind`` attnft wrote."""
+    target = Path(target)
     if target.is_symlink() and not target.exists():
         raise StoreError(f"{target} is a symbolic link to a missing {os.readlink(target)}: remove it, or choose another name")
-    if target.exists() and not overwrite:
+    if not os.path.lexists(target):
+        return
+    if not overwrite:
         raise StoreError(f"{target} already exists: pass --overwrite to replace it")
+    if not target.is_dir():
+        raise StoreError(f"{target} is a file, not {kind.noun} folder: --overwrite replaces only {kind.noun} attnft wrote")
+    if not kind.holds(target):
+        raise StoreError(f"{target} is not {kind.noun} attnft wrote (it holds other files or folders): "
+                         f"--overwrite replaces only that; choose another path")
+
+
+def check_replaceable_file(path: PathLike, what: str) -> None:
+    """StoreError unless ``path`` is absent or a regular file: a device, FIFO, socket, folder or symbolic
+    link is never replaced by a file attnft writes (as root, ``/dev/full`` would become a file)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise io_error(e, f"writing {what} to {path}") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode)
+                else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device")
+        raise StoreError(f"{path} is {kind}, not a regular file: attnft writes {what} only to a new or regular file")
 
 
 def _fsync(path: Path) -> None:

@@ -24,14 +24,13 @@ from typing import TYPE_CHECKING, Optional
 
 from torch import nn
 
-from .errors import AdapterError, StoreError
-from .files import PathLike
+from .errors import AdapterError
+from .files import CARD_FILE as EXPORT_CARD, EXPORT_FOLDER, PathLike, check_replaceable_folder, write_directory_atomically
 from .hf_models import PROCESSOR_FILE, is_transformers_model, no_progress_bars
 
 if TYPE_CHECKING:
     from .adapters import AdapterConfig
 
-EXPORT_CARD = "README.md"
 
 
 @dataclass
@@ -58,13 +57,10 @@ def export_merged(
     overwrite: bool = False,
 ) -> TransformersExport:
     """Write ``model`` (a transformers base with an adapter loaded) as a ``save_pretrained`` folder, atomically."""
-    from .adapters import write_directory_atomically
-
     if not is_transformers_model(model):
         raise AdapterError(f"{type(model).__name__} was not made by attnft.hf_models: export it with attnft.merge")
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise StoreError(f"{out_dir} already exists: pass --overwrite to replace it")
+    check_replaceable_folder(out_dir, overwrite, EXPORT_FOLDER)
     if label_names:
         if len(label_names) != model.num_classes:
             raise AdapterError(f"{len(label_names)} label names for a model with {model.num_classes} classes")
@@ -79,7 +75,7 @@ def export_merged(
         (folder / PROCESSOR_FILE).write_text(json.dumps(processor, indent=2) + "\n")
         (folder / EXPORT_CARD).write_text(_export_card(result, title or out_dir.name))
 
-    write_directory_atomically(out_dir, write, overwrite=overwrite, what=f"export {out_dir.name}")
+    write_directory_atomically(out_dir, write, kind=EXPORT_FOLDER, overwrite=overwrite, what=f"export {out_dir.name}")
     return result
 
 

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from .errors import AdapterError, ConfigError, UnknownModelError, first_line
+from .files import PROCESSOR_FILE
 from .hub import hub_errors
 from .resolution import check_img_size_value
 from .roles import Role, build_role_map
@@ -42,7 +43,6 @@ __all__ = ["PREFIX", "is_transformers_name", "is_transformers_model", "create_mo
            "TimmInterface", "PROCESSOR_FILE", "vision_config", "patch_side", "image_side"]
 
 PREFIX = "transformers:"
-PROCESSOR_FILE = "preprocessor_config.json"
 # PIL resampling codes (transformers' ``resample``) -> timm's interpolation names
 _PIL_INTERPOLATION = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 _DEFAULT_MEAN, _DEFAULT_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)  # transformers' ViTImageProcessor defaults

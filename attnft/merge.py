@@ -27,13 +27,9 @@ from typing import Optional, Union
 from torch import nn
 
 from .adapters import Adapter, AdapterConfig, load_adapter, read_adapter
-from .files import PathLike, write_directory_atomically
-from .errors import StoreError
+from .files import EXPORT_CONFIG, EXPORT_FOLDER, EXPORT_WEIGHTS, CARD_FILE as EXPORT_CARD, PathLike, check_replaceable_folder, write_directory_atomically
 from .plain_timm import TimmBuild, describe_model
 
-EXPORT_WEIGHTS = "model.safetensors"
-EXPORT_CONFIG = "config.json"
-EXPORT_CARD = "README.md"
 # the keys of a data config that describe preprocessing (input_size follows the model itself)
 DATA_KEYS = ("mean", "std", "crop_pct", "crop_mode", "interpolation")
 
@@ -94,8 +90,7 @@ def export_merged(
     from timm.models._hub import save_config_for_hf
 
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise StoreError(f"{out_dir} already exists: pass --overwrite to replace it")
+    check_replaceable_folder(out_dir, overwrite, EXPORT_FOLDER)
     build = describe_model(model)
     state = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
     result = ExportResult(folder=out_dir, build=build)
@@ -111,7 +106,7 @@ def export_merged(
                            data_config=data_args or None)
         (folder / EXPORT_CARD).write_text(_export_card(result, title or out_dir.name))
 
-    write_directory_atomically(out_dir, write, overwrite=overwrite, what=f"export {out_dir.name}")
+    write_directory_atomically(out_dir, write, kind=EXPORT_FOLDER, overwrite=overwrite, what=f"export {out_dir.name}")
     return result
 
 
@@ -131,8 +126,7 @@ def export_adapter(
     """
     from .hf_models import is_transformers_model
 
-    if Path(out_dir).exists() and not overwrite:
-        raise StoreError(f"{out_dir} already exists: pass --overwrite to replace it")
+    check_replaceable_folder(out_dir, overwrite, EXPORT_FOLDER)  # before minutes of merging
     adapter = adapter if isinstance(adapter, Adapter) else read_adapter(adapter)
     model = base_model if base_model is not None else create_base(adapter.config, base_checkpoint)
     config = load_adapter(model, adapter, ignore_fingerprint=ignore_fingerprint)

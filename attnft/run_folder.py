@@ -18,7 +18,7 @@ from typing import Optional
 from .config import FinetuneConfig
 from .errors import ConfigError
 from .evaluate import strict_json
-from .files import io_error, pid_alive, remove_entry, write_text_atomically
+from .files import check_replaceable_file, io_error, pid_alive, remove_entry, write_text_atomically
 from .processes import on_main
 
 # what a run writes in its output dir
@@ -41,6 +41,8 @@ def check_output_dir_usable(output_dir: Path) -> None:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise ConfigError(f"the output dir {output_dir} cannot be written (permission denied on {ancestor}): "
                           "pass --output-dir a folder you can write")
+    for name in (RUN_CONFIG_FILE, METRICS_FILE, RESULT_FILE, LOCK_FILE):
+        check_replaceable_file(output_dir / name, f"the run's {name}")  # a FIFO or device there is never replaced
 
 
 def check_output_dir_free(output_dir: Path, cfg: FinetuneConfig) -> None:

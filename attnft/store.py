@@ -27,7 +27,7 @@ from .adapters import Adapter, AdapterConfig
 from .files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 from .fingerprint import BaseSnapshot
 from .errors import AdapterError, AttnftError, StoreError
-from .files import io_error, nearest_existing, pid_alive, remove_directory_atomically, remove_entry, write_directory_atomically
+from .files import ADAPTER_FOLDER, io_error, nearest_existing, pid_alive, remove_directory_atomically, remove_entry, write_directory_atomically
 from .formats import PEFT_SIDECAR_FILE, AdapterFormat, AdapterSummary, format_for, format_of
 from .hub import hub_errors
 from .policy import PolicyReport
@@ -190,7 +190,7 @@ class AdapterStore:
                 _copy_regular_file(item, folder / item.name)
             fmt.verify(folder)  # the copy, not just the source
 
-        write_directory_atomically(path, write, overwrite=overwrite)
+        write_directory_atomically(path, write, kind=ADAPTER_FOLDER, overwrite=overwrite)
         return path
 
     def delete(self, name: str) -> None:

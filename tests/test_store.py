@@ -11,7 +11,7 @@ import torch
 
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, BaseSnapshot
 from attnft.errors import AdapterError, OfflineError, StoreError
-from attnft.files import write_directory_atomically
+from attnft.files import FolderKind, write_directory_atomically
 from attnft.policy import apply_policy
 from attnft.store import AdapterStore, check_name
 from tiny_models import tiny_input, tiny_model
@@ -139,14 +139,15 @@ def test_import_copies_a_verified_folder_and_refuses_a_broken_one(store, tmp_pat
 
 def test_a_failed_write_leaves_nothing_and_keeps_the_old_folder(tmp_path):
     target = tmp_path / "a"
-    write_directory_atomically(target, lambda folder: (folder / "f").write_text("old"))
+    kind = FolderKind("a test folder", required=("f",), files=("f",))
+    write_directory_atomically(target, lambda folder: (folder / "f").write_text("old"), kind=kind)
 
     def failing(folder):
         (folder / "f").write_text("half")
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError):
-        write_directory_atomically(target, failing, overwrite=True)
+        write_directory_atomically(target, failing, kind=kind, overwrite=True)
     assert (target / "f").read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["a"]
 

@@ -11,7 +11,7 @@ from torch import nn
 from .. import __version__
 from ..cards import model_card
 from ..errors import AdapterError, ConfigError, StoreError
-from ..files import PathLike, sha256_file, write_directory_atomically
+from ..files import ADAPTER_FOLDER, PathLike, sha256_file, write_directory_atomically
 from ..fingerprint import BaseSnapshot, fingerprint_at_start, unfingerprinted_names
 from ..policy import PolicyReport
 from .base import base_model_args, base_model_name, current_input_size, default_data_config, jsonable, timm_version
@@ -120,5 +120,5 @@ def save_adapter(
         (folder / CONFIG_FILE).write_text(config.to_json())
         (folder / CARD_FILE).write_text(model_card(config, title=title or path.name, license=card_license))
 
-    write_directory_atomically(path, write, overwrite=overwrite)
+    write_directory_atomically(path, write, kind=ADAPTER_FOLDER, overwrite=overwrite)
     return config

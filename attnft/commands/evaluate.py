@@ -52,10 +52,12 @@ def check_output_file(output: str, overwrite: bool) -> None:
     """ConfigError unless ``output`` can take the JSON: not a folder, its folder there, not a file already
     (without ``overwrite``)."""
     from ..errors import ConfigError
+    from ..files import check_replaceable_file
 
     path = Path(output)
     if path.is_dir():
         raise ConfigError(f"--output {output} is a directory: name a file, e.g. {path / 'eval.json'}")
+    check_replaceable_file(path, "the evaluation JSON")  # a device, FIFO or symlink is never replaced
     if path.exists() and not overwrite:
         raise ConfigError(f"--output {output} exists: pass --overwrite to replace it, or name another file")
     folder = path.parent if str(path.parent) else Path(".")

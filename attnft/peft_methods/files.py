@@ -20,7 +20,7 @@ from torch import nn
 from .. import __version__
 from ..adapters.base import base_model_args, base_model_name, current_input_size, default_data_config, jsonable
 from ..errors import AdapterError, BaseMismatchError, ConfigError
-from ..files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, sha256_file, write_directory_atomically
+from ..files import ADAPTER_FOLDER, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, sha256_file, write_directory_atomically
 from ..fingerprint import compute_fingerprint
 from ..roles import is_under
 from .model import PeftReport
@@ -90,7 +90,7 @@ def save_peft_adapter(
                                license=base.pretrained_cfg.get("license"))
         (folder / CARD_FILE).write_text(card)
 
-    write_directory_atomically(path, write, overwrite=overwrite)
+    write_directory_atomically(path, write, kind=ADAPTER_FOLDER, overwrite=overwrite)
     return PeftAdapterInfo.from_dict(sidecar, path)
 
 

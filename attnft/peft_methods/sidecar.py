@@ -11,10 +11,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional, Union
 
-from ..files import CONFIG_FILE, WEIGHTS_FILE
+from ..files import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE
 from ..errors import AdapterError
 
-SIDECAR_FILE = "attnft.json"
 SIDECAR_FORMAT = "attnft-peft-adapter"
 SIDECAR_VERSION = 1
 PEFT_PREFIX = "base_model.model."  # peft's saved tensor names start here for models without a task type

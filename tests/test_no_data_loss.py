@@ -1,0 +1,150 @@
+"""Nothing outside attnft's own files is ever replaced (issue: robustness, round two, "data lost").
+
+``--overwrite`` replaces only what attnft wrote (an export, recognised by its files; an adapter in
+the store), never a store, an adapter under export, or a folder holding anything else; an output
+path is a regular file or absent, never a FIFO, device or symlink. Each case checks the victim
+files intact afterwards.
+"""
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from attnft.adapters import BaseSnapshot, save_adapter
+from attnft.cli import main
+from attnft.errors import StoreError
+from attnft.files import ADAPTER_FOLDER, EXPORT_FOLDER, write_text_atomically
+from attnft.policy import apply_policy
+from attnft.store import AdapterStore
+from test_adapters_cli import assert_one_line_error, attnft, snapshot_tree
+from tiny_models import tiny_input, tiny_model
+
+
+@pytest.fixture(scope="module")
+def trained():
+    model = tiny_model("vit")
+    base_state = {k: v.clone() for k, v in model.state_dict().items()}
+    report = apply_policy(model, "attn")
+    snapshot = BaseSnapshot.capture(model, report)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    model(tiny_input(model)).pow(2).mean().backward()
+    optimizer.step()
+    return model.eval(), report, snapshot, base_state
+
+
+@pytest.fixture
+def store(tmp_path, trained):
+    model, report, snapshot, base_state = trained
+    store = AdapterStore(tmp_path / "store")
+    store.save("cars", model, report, snapshot)
+    store.save("flowers", model, report, snapshot, mode="delta")
+    save_file(base_state, str(tmp_path / "base.safetensors"))
+    return store
+
+
+def export(capsys, store, out, *extra):
+    return attnft(capsys, "adapters", "export", "cars", "--store", str(store.root), "--out", str(out),
+                  "--checkpoint", str(store.root.parent / "base.safetensors"), *extra)
+
+
+def test_export_onto_the_store_with_overwrite_is_refused_and_every_adapter_stays(capsys, store):
+    before = snapshot_tree(store.root)
+    assert_one_line_error(export(capsys, store, store.root, "--overwrite"), "store")
+    assert snapshot_tree(store.root) == before and store.names() == ["cars", "flowers"]
+
+
+def test_export_onto_the_adapter_being_exported_is_refused(capsys, store):
+    before = snapshot_tree(store.root)
+    assert_one_line_error(export(capsys, store, store.path("cars"), "--overwrite"), "store")
+    assert snapshot_tree(store.root) == before
+    store.verify("cars")
+
+
+def test_export_over_a_folder_holding_other_files_is_refused_and_they_stay(capsys, store, trained, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    assert_one_line_error(export(capsys, store, mine, "--overwrite"), "not an export attnft wrote")
+    assert [p.name for p in mine.iterdir()] == ["thesis.tex"] and (mine / "thesis.tex").read_text() == "years of work"
+    # another store (not the one --store names): refused by what it holds
+    other = AdapterStore(tmp_path / "other-store")
+    model, report, snapshot, _ = trained
+    other.save("dogs", model, report, snapshot)
+    before = snapshot_tree(other.root)
+    assert_one_line_error(export(capsys, store, other.root, "--overwrite"), "not an export attnft wrote")
+    assert snapshot_tree(other.root) == before
+
+
+def test_export_replaces_its_own_earlier_export(capsys, store, tmp_path):
+    out = tmp_path / "export"
+    assert export(capsys, store, out)[0] == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert EXPORT_FOLDER.holds(out) and not ADAPTER_FOLDER.holds(out)
+    (out / "model.safetensors").write_bytes(b"stale")
+    assert export(capsys, store, out, "--overwrite")[0] == 0
+    assert sorted(p.name for p in out.iterdir()) == names and (out / "model.safetensors").read_bytes() != b"stale"
+
+
+def test_an_adapter_never_replaces_a_folder_that_is_no_adapter(store, trained, tmp_path):
+    model, report, snapshot, _ = trained
+    (store.root / "notes").mkdir()
+    (store.root / "notes" / "todo.txt").write_text("keep")
+    with pytest.raises(StoreError, match="not an adapter"):
+        store.save("notes", model, report, snapshot, overwrite=True)
+    with pytest.raises(StoreError, match="not an adapter attnft wrote"):  # the library call, outside any store
+        save_adapter(store.root / "notes", model, report, snapshot, overwrite=True)
+    assert [p.name for p in (store.root / "notes").iterdir()] == ["todo.txt"]
+    assert (store.root / "notes" / "todo.txt").read_text() == "keep"
+    store.save("cars", model, report, snapshot, overwrite=True, mode="delta")  # an adapter: replaced
+    assert store.config("cars").mode == "delta"
+
+
+def _specials(folder: Path) -> dict:
+    """A FIFO, a Unix socket and a symlink (to a regular file) in ``folder``: name -> path."""
+    fifo, sock, link = folder / "fifo", folder / "sock", folder / "link"
+    os.mkfifo(fifo)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock))
+    (folder / "target.json").write_text("keep")
+    link.symlink_to(folder / "target.json")
+    return {"fifo": fifo, "sock": sock, "link": link, "_server": server}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "sock", "link"])
+def test_eval_output_that_is_no_regular_file_is_refused_before_evaluating(capsys, store, tmp_path, kind):
+    specials = _specials(tmp_path)
+    try:
+        path = specials[kind]
+        mode = os.lstat(path).st_mode
+        result = attnft(capsys, "eval", "--adapter", "cars", "--store", str(store.root), "--output", str(path), "--overwrite")
+        assert_one_line_error(result, str(path), "not a regular file")
+        assert os.lstat(path).st_mode == mode and (tmp_path / "target.json").read_text() == "keep"
+    finally:
+        specials["_server"].close()
+
+
+def test_every_file_write_refuses_a_device_or_fifo(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(StoreError, match="is a FIFO, not a regular file"):
+        write_text_atomically(tmp_path / "fifo", "x", "the thing")
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
+    with pytest.raises(StoreError, match="is a device, not a regular file"):
+        write_text_atomically(Path("/dev/null"), "x", "the thing")  # as root the old code replaced it
+    assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
+
+
+def test_a_run_whose_output_dir_holds_a_fifo_for_its_log_is_refused_before_anything(capsys, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    os.mkfifo(out / "metrics.jsonl")
+    code = main(["finetune", "--model", "vit_fmnist_patch4_28", "--max-train", "64", "--max-eval", "64",
+                 "--steps", "1", "--batch-size", "32", "--workers", "0", "--no-progress",
+                 "--output-dir", str(out), "--store", str(tmp_path / "store"), "--overwrite"])
+    err = capsys.readouterr().err
+    assert code == 2 and "not a regular file" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"] and stat.S_ISFIFO(os.lstat(out / "metrics.jsonl").st_mode)
+    assert not (tmp_path / "store").exists()
