@@ -44,6 +44,23 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not a boolean: use one of {', '.join(TRUE_WORDS + FALSE_WORDS)}")
 
 
+NAMED_COLOURS = {"white": (255, 255, 255), "black": (0, 0, 0)}
+
+
+def parse_background(text: str):
+    """The colour a transparent pixel becomes: ``white``, ``black``, ``R,G,B`` (0-255 each) as a tuple,
+    or ``"mean"`` (the base's normalisation mean, resolved with the model); ValueError otherwise."""
+    word = text.strip().lower()
+    if word in NAMED_COLOURS:
+        return NAMED_COLOURS[word]
+    if word == "mean":
+        return word
+    parts = word.split(",")
+    if len(parts) == 3 and all(p.strip().isdigit() and int(p) <= 255 for p in parts):
+        return tuple(int(p) for p in parts)
+    raise ValueError(f"background must be white, black, mean or R,G,B with each 0-255, got {text[:40]!r}")
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, config_cls: type, recipe: bool = True) -> None:
     """One flag per field of ``config_cls`` (``--field-name``), grouped, plus ``--recipe FILE``.
 
@@ -85,20 +102,33 @@ def config_from_args(config_cls: type, args: argparse.Namespace):
     return from_dict(config_cls, values, source)
 
 
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of key: value lines; beyond this it is not one
+MAX_RECIPE_DEPTH = 20  # nesting of lists/mappings: a recipe's values are flat or a pair of numbers
+
+
 def load_recipe(path: str, config_cls: type) -> dict[str, Any]:
-    """The key: value pairs of a YAML recipe, checked against the fields of ``config_cls``."""
+    """The key: value pairs of a YAML recipe, checked against the fields of ``config_cls``.
+
+    Read strictly (:class:`_RecipeLoader`): no aliases (a few bytes of nested ``*refs`` expand to
+    gigabytes), no key twice, no deep nesting, at most :data:`MAX_RECIPE_BYTES`; a scalar keeps
+    the text it was written as, so ``name: 0x1F`` is the name ``0x1F``, not 31.
+    """
     import yaml
 
     if not os.path.isfile(path):
         raise ConfigError(f"recipe {path} not found")
     try:
+        if os.path.getsize(path) > MAX_RECIPE_BYTES:
+            raise ConfigError(f"recipe {path} is over {MAX_RECIPE_BYTES >> 20} MB: a recipe is a list of key: value lines")
         with open(path, encoding="utf-8") as f:
-            values = yaml.safe_load(f)
+            values = yaml.load(f, Loader=_recipe_loader())
     except UnicodeDecodeError as e:
         raise ConfigError(f"recipe {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): "
                           "save it as UTF-8") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"recipe {path} is not valid YAML: {' '.join(str(e).split())}") from None
+        raise ConfigError(f"recipe {path} is not valid YAML: {short(' '.join(str(e).split()), 300)}") from None
+    except RecursionError:
+        raise ConfigError(f"recipe {path} nests deeper than {MAX_RECIPE_DEPTH} levels") from None
     except OSError as e:
         raise ConfigError(f"recipe {path} cannot be read: {e.strerror or e}") from None
     if values is None:
@@ -107,6 +137,75 @@ def load_recipe(path: str, config_cls: type) -> dict[str, Any]:
         raise ConfigError(f"recipe {path} must be a mapping of field: value, found {type(values).__name__}")
     _check_keys(config_cls, values, f"recipe {path}")
     return values
+
+
+def short(value: Any, limit: int = 80) -> str:
+    """``value``'s repr (a string: itself) cut to ``limit`` characters, for echoing user input in one line."""
+    import reprlib
+
+    if isinstance(value, str):
+        text = value
+    else:
+        cut = reprlib.Repr()
+        cut.maxlevel, cut.maxlist, cut.maxdict, cut.maxstring, cut.maxother = 2, 4, 4, limit, limit
+        text = cut.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _recipe_loader():
+    """A SafeLoader that refuses aliases, duplicate keys and deep nesting, and keeps each scalar's text."""
+    import yaml
+
+    class RecipeLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"aliases (*{event.anchor}) are not allowed in a recipe: write the value out",
+                    event.start_mark)
+            self._depth = getattr(self, "_depth", 0) + 1
+            try:
+                if self._depth > MAX_RECIPE_DEPTH:
+                    raise RecursionError
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {short(key, 40)!r} appears twice: keep one", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    for tag in ("int", "float"):
+        RecipeLoader.add_constructor(f"tag:yaml.org,2002:{tag}", _keeping_text(tag))
+    return RecipeLoader
+
+
+class _RecipeInt(int):
+    text: str
+
+
+class _RecipeFloat(float):
+    text: str
+
+
+def _keeping_text(tag: str):
+    import yaml
+
+    base = yaml.SafeLoader.yaml_constructors[f"tag:yaml.org,2002:{tag}"]
+    kind = _RecipeInt if tag == "int" else _RecipeFloat
+
+    def construct(loader, node):
+        value = kind(base(loader, node))
+        value.text = node.value  # what the recipe says, for a text field
+        return value
+
+    return construct
 
 
 def from_dict(config_cls: type, values: dict[str, Any], source: str):
@@ -124,7 +223,7 @@ def _check_keys(config_cls: type, values: dict[str, Any], source: str) -> None:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown key {key!r} in {source}{hint}")
+            raise ConfigError(f"unknown key {short(key, 60)!r} in {source}{hint}")
 
 
 def base_type(hint) -> tuple[type, bool]:
@@ -180,13 +279,13 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
         if kind is str:
             if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                 raise ValueError
-            return str(value)
+            return getattr(value, "text", None) or str(value)  # a recipe's 0x1F stays "0x1F"
     except (TypeError, ValueError):
         pass
     else:
         return value
     expected = {tuple: "two numbers", bool: "true or false"}.get(kind, kind.__name__)
-    raise ConfigError(f"{name} must be {expected}, got {value!r}")
+    raise ConfigError(f"{name} must be {expected}, got {short(value) if not isinstance(value, str) else repr(short(value))}")
 
 
 def _exactly(kind: type, value: Any) -> Any:
