@@ -34,6 +34,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .errors import NoAttentionError, UnknownPolicyError
+from .parsing import short
 from .roles import Region, Role, RoleEntry, RoleMap, build_role_map, parse_role
 
 BASE_POLICIES: dict[str, frozenset[Role]] = {
@@ -63,14 +64,14 @@ class Policy:
         base = re.match(r"[A-Za-z_]+", body)
         if base is None or base.group(0) not in BASE_POLICIES:
             raise UnknownPolicyError(
-                f"unknown policy {spec!r}: choose one of {', '.join(BASE_POLICIES)}, optionally edited as in "
+                f"unknown policy {short(spec, 60)!r}: choose one of {', '.join(BASE_POLICIES)}, optionally edited as in "
                 "'attn+norm-pos_embed@8-11', or a peft method: lora, ia3, as in 'lora:r=16'"
             )
         roles = set(BASE_POLICIES[base.group(0)])
         bias = None
         rest = body[base.end():]
         if POLICY_EDIT.sub("", rest):
-            raise UnknownPolicyError(f"cannot read policy {spec!r}: edits are +ROLE or -ROLE, e.g. 'attn+norm'")
+            raise UnknownPolicyError(f"cannot read policy {short(spec, 60)!r}: edits are +ROLE or -ROLE, e.g. 'attn+norm'")
         for sign, item in POLICY_EDIT.findall(rest):
             if item == "bias":
                 bias = sign == "+"
@@ -79,8 +80,10 @@ class Policy:
                 role = parse_role(item)
             except ValueError:
                 valid = ", ".join([r.value for r in Role] + ["bias"])
-                raise UnknownPolicyError(f"unknown role {item!r} in policy {spec!r}: valid roles are {valid}") from None
+                raise UnknownPolicyError(f"unknown role {short(item, 30)!r} in policy {short(spec, 60)!r}: valid roles are {valid}") from None
             (roles.add if sign == "+" else roles.discard)(role)
+        if "@" in spec and not block_spec.strip():
+            raise UnknownPolicyError(f"policy {short(spec, 60)!r} has no blocks after '@': name them as in 'attn@8-11' or 'attn@0,2,4'")
         blocks = parse_blocks(block_spec, spec) if block_spec else None
         return cls(name=spec, roles=frozenset(roles), bias=bias, blocks=blocks)
 
@@ -109,13 +112,22 @@ class Policy:
         return selected
 
 
+MAX_BLOCK_INDEX = 9_999  # beyond any model: a range past it is refused before it is built
+
+
 def parse_blocks(text: str, spec: str) -> frozenset[int]:
+    """The block indices of ``@BLOCKS`` (``8-11``, ``0,2,4``); each range ordered and within :data:`MAX_BLOCK_INDEX`."""
     blocks = set()
     for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        m = re.fullmatch(r"\s*(\d{1,30})\s*(?:-\s*(\d{1,30})\s*)?", part)
         if m is None:
-            raise UnknownPolicyError(f"cannot read blocks {text!r} in policy {spec!r}: use indices and ranges like '@8-11' or '@0,2,4'")
+            raise UnknownPolicyError(f"cannot read blocks {short(text, 40)!r} in policy {short(spec, 60)!r}: use indices "
+                                     "and ranges like '@8-11' or '@0,2,4'")
         start, stop = int(m.group(1)), int(m.group(2) or m.group(1))
+        if stop > MAX_BLOCK_INDEX:
+            raise UnknownPolicyError(f"policy {short(spec, 60)!r} names block {stop}: no model has that many blocks")
+        if start > stop:
+            raise UnknownPolicyError(f"policy {short(spec, 60)!r}: the range {start}-{stop} is empty; write it low-high")
         blocks.update(range(start, stop + 1))
     return frozenset(blocks)
 
@@ -126,11 +138,13 @@ def check_blocks(blocks: Optional[frozenset[int]], num_blocks: int, spec: str, m
     if missing:
         shown = ", ".join(map(str, missing[:4])) + (" ..." if len(missing) > 4 else "")
         have = f"0-{num_blocks - 1}" if num_blocks > 1 else "0" if num_blocks == 1 else "none"
-        raise UnknownPolicyError(f"policy {spec!r} names block(s) {shown}, but {model_name} has {num_blocks} "
+        raise UnknownPolicyError(f"policy {short(spec, 60)!r} names block(s) {shown}, but {model_name} has {num_blocks} "
                                  f"blocks (indices {have})")
 
 
 def resolve_policy(policy: Union[str, Policy]) -> Policy:
+    if not isinstance(policy, (str, Policy)):
+        raise UnknownPolicyError(f"a policy is a spec such as 'attn' or a Policy, not {type(policy).__name__}")
     return policy if isinstance(policy, Policy) else Policy.parse(policy)
 
 
@@ -274,6 +288,9 @@ def apply_policy(model: nn.Module, policy: Union[str, Policy] = "attn", role_map
         )
     check_blocks(policy.blocks, role_map.num_blocks, policy.name, role_map.model_name)
     report = PolicyReport(role_map.model_name, policy, role_map, trainable=policy.select(role_map))
+    if not report.trainable:
+        raise UnknownPolicyError(f"policy {short(policy.name, 60)!r} trains nothing in {role_map.model_name}: "
+                                 "keep at least one role, e.g. 'attn' or 'head'")
     for name, param in model.named_parameters():
         param.requires_grad_(name in report.trainable)
         region = report.trainable.get(name)

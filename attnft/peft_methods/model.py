@@ -14,6 +14,7 @@ from torch import nn
 
 from ..fingerprint import compute_fingerprint
 from ..errors import AdapterError, NoAttentionError, UnknownPolicyError
+from ..parsing import short
 from ..policy import CountedByRole, RoleCount
 from ..roles import Role, RoleMap, build_role_map, module_of
 from .sidecar import unprefixed
@@ -95,6 +96,7 @@ def apply_peft_policy(
     targets = select_targets(model, policy, role_map)
     if not targets.modules:
         raise UnknownPolicyError(f"policy {policy.name!r} finds no module {policy.method} can wrap in {role_map.model_name}")
+    _check_rank(model, policy, list(targets.modules), role_map.model_name)
     fingerprint = compute_fingerprint(model, role_map)  # before peft renames the targeted weights
     config = policy.peft_method.make_config(
         policy.options, peft_target_modules(model, list(targets.modules)), targets.feedforward, targets.head or None
@@ -111,6 +113,25 @@ def apply_peft_policy(
     )
     report.adapter_numel = _numel_by_role(report.trained_tensors(peft_model), targets)
     return peft_model, report
+
+
+def _check_rank(model: nn.Module, policy: PeftPolicy, modules: list[str], model_name: str) -> None:
+    """A LoRA rank above every targeted layer's width adds parameters and no expressiveness (and r=1e9 asks
+    for terabytes): UnknownPolicyError before peft allocates anything. (A small layer among them, such as
+    a relative-position MLP's input, may be narrower than r, as peft allows.)"""
+    rank = getattr(policy.options, "r", None)
+    if rank is None:
+        return
+    width = max(max(_in_out(model.get_submodule(name))) for name in modules)
+    if rank > width:
+        raise UnknownPolicyError(f"policy {short(policy.name, 60)!r}: r={rank} is above the width of every targeted "
+                                 f"layer of {model_name} (at most {width}): choose r <= {width}")
+
+
+def _in_out(module: nn.Module) -> tuple[int, int]:
+    if isinstance(module, nn.Conv2d):
+        return module.in_channels, module.out_channels
+    return module.in_features, module.out_features
 
 
 def param_groups(peft_model: PeftModel, weight_decay: float) -> list[dict]:

@@ -6,6 +6,7 @@ Parsing imports no peft (seconds): a typo is reported at once; peft is imported 
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union, get_type_hints
@@ -13,12 +14,15 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union, get_type_hints
 from torch import nn
 
 from ..errors import UnknownPolicyError
-from ..parsing import parse_bool
+from ..parsing import parse_bool, short
 from ..policy import POLICY_EDIT, parse_blocks
 from ..roles import Role, parse_role
 
 if TYPE_CHECKING:
     from peft import IA3Config, LoraConfig, PeftConfig
+
+
+MAX_LORA_RANK = 65_536  # wider than any ViT layer; the model's own widths bound it further when it is applied
 
 
 @dataclass(frozen=True)
@@ -31,13 +35,16 @@ class LoraOptions:
     rslora: bool = False  # rank-stabilised scaling alpha / sqrt(r)
 
     def check(self, spec: str) -> None:
-        if self.r < 1:
-            raise UnknownPolicyError(f"policy {spec!r}: r must be a positive integer")
+        if not 1 <= self.r <= MAX_LORA_RANK:
+            raise UnknownPolicyError(f"policy {short(spec, 60)!r}: r must be an integer from 1 to {MAX_LORA_RANK} "
+                                     "(and at most the targeted layers' width)")
+        if not 0.0 < self.alpha < math.inf:
+            raise UnknownPolicyError(f"policy {short(spec, 60)!r}: alpha must be a positive finite number")
         if not 0.0 <= self.dropout < 1.0:
-            raise UnknownPolicyError(f"policy {spec!r}: dropout must be in [0, 1)")
+            raise UnknownPolicyError(f"policy {short(spec, 60)!r}: dropout must be in [0, 1)")
         # "all" would train every bias of the model, patch embedding included
         if self.bias not in ("none", "lora_only"):
-            raise UnknownPolicyError(f"policy {spec!r}: bias must be 'none' or 'lora_only'")
+            raise UnknownPolicyError(f"policy {short(spec, 60)!r}: bias must be 'none' or 'lora_only'")
 
 
 @dataclass(frozen=True)
@@ -129,7 +136,7 @@ class PeftPolicy:
         m = _SPEC.match(spec)
         if m is None or m.group("method").lower() not in PEFT_METHODS:
             raise UnknownPolicyError(
-                f"unknown peft policy {spec!r}: choose one of {', '.join(PEFT_METHODS)}, as in 'lora', 'lora+ffn@8-11:r=16,alpha=32'"
+                f"unknown peft policy {short(spec, 60)!r}: choose one of {', '.join(PEFT_METHODS)}, as in 'lora', 'lora+ffn@8-11:r=16,alpha=32'"
             )
         method = PEFT_METHODS[m.group("method").lower()]
         roles, head = {Role.ATTENTION}, True
@@ -142,10 +149,10 @@ class PeftPolicy:
                 head = sign == "+"
                 continue
             if role not in _TARGET_ROLES:
-                raise UnknownPolicyError(f"policy {spec!r}: peft methods adapt attn and ffn modules (and -head freezes the head), not {item!r}")
+                raise UnknownPolicyError(f"policy {short(spec, 60)!r}: peft methods adapt attn and ffn modules (and -head freezes the head), not {short(item, 30)!r}")
             (roles.add if sign == "+" else roles.discard)(role)
         if not roles:
-            raise UnknownPolicyError(f"policy {spec!r} adapts no module: keep attn or add +ffn")
+            raise UnknownPolicyError(f"policy {short(spec, 60)!r} adapts no module: keep attn or add +ffn")
         blocks = parse_blocks(m.group("blocks"), spec) if m.group("blocks") else None
         options = _parse_options(method, m.group("options") or "", spec)
         return cls(name=spec, method=method.name, roles=frozenset(roles), options=options, head=head, blocks=blocks)
@@ -159,7 +166,9 @@ def _parse_options(method: PeftMethod, text: str, spec: str):
         key = key.strip()
         if not sep or key not in types:
             valid = ", ".join(types) or "none"
-            raise UnknownPolicyError(f"policy {spec!r}: cannot read option {item!r}; {method.name} options are KEY=VALUE with KEY in: {valid}")
+            raise UnknownPolicyError(f"policy {short(spec, 60)!r}: cannot read option {short(item, 30)!r}; {method.name} options are KEY=VALUE with KEY in: {valid}")
+        if key in values:
+            raise UnknownPolicyError(f"policy {short(spec, 60)!r}: option {key} is given twice; keep one")
         values[key] = _convert(types[key], raw.strip(), key, spec)
     options = method.options(**values)
     options.check(spec)
@@ -168,6 +177,8 @@ def _parse_options(method: PeftMethod, text: str, spec: str):
 
 def _convert(kind: type, raw: str, key: str, spec: str):
     try:
+        if kind is int and not re.fullmatch(r"[+-]?\d{1,12}", raw):
+            raise ValueError
         return parse_bool(raw) if kind is bool else kind(raw)
     except ValueError:
-        raise UnknownPolicyError(f"policy {spec!r}: option {key}={raw!r} is not a {kind.__name__}") from None
+        raise UnknownPolicyError(f"policy {short(spec, 60)!r}: option {key}={short(raw, 30)!r} is not a {kind.__name__}") from None
