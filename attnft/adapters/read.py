@@ -8,7 +8,7 @@ from typing import Mapping, Optional
 
 import torch
 
-from ..errors import AdapterError
+from ..errors import AdapterError, first_line
 from ..files import PathLike, sha256_file
 from ..roles import Role, is_weight
 from .config import CONFIG_FILE, WEIGHTS_FILE, Adapter, AdapterConfig, stored_shape
@@ -25,7 +25,9 @@ def read_config(path: PathLike) -> AdapterConfig:
     try:
         data = json.loads(config_file.read_text())
     except (ValueError, UnicodeDecodeError) as e:
-        raise AdapterError(f"{config_file} is not valid JSON ({e})") from None
+        raise AdapterError(f"{config_file} is not valid JSON ({first_line(e)})") from None
+    except RecursionError:
+        raise AdapterError(f"{config_file} nests too deep to be an adapter config") from None
     return AdapterConfig.from_dict(data, source=str(config_file))
 
 
@@ -57,8 +59,6 @@ def _read_verified(path: Path, keep: bool) -> tuple[AdapterConfig, dict[str, tor
         raise AdapterError(f"{weights} does not match the sha256 in its config: the file is corrupted or was replaced")
     head = {name: header[name]["shape"] for name, entry in config.tensors.items() if entry.get("role") == str(Role.HEAD)}
     check_num_classes(head, config.num_classes, str(path / CONFIG_FILE))
-    if config.label_names is not None and len(config.label_names) != config.num_classes:
-        raise AdapterError(f"{path / CONFIG_FILE} has {len(config.label_names)} label names for {config.num_classes} classes")
     return config, check_finite_file(weights, keep=keep)
 
 

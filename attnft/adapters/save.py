@@ -108,6 +108,7 @@ def save_adapter(
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         training=jsonable(training or {}),
     )
+    config.check(f"adapter {path.name}")  # what read refuses is never written
     card_license = license or getattr(model, "pretrained_cfg", {}).get("license")
 
     def write(folder: Path) -> None:

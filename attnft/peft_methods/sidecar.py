@@ -11,8 +11,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional, Union
 
+from ..checks import MAX_CLASSES, MAX_INPUT_SIDE, Fields
 from ..files import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE
 from ..errors import AdapterError
+
+PEFT_METHOD_NAMES = ("lora", "ia3")  # attnft.peft_methods.spec.PEFT_METHODS, which imports torch (a test keeps them equal)
 
 SIDECAR_FORMAT = "attnft-peft-adapter"
 SIDECAR_VERSION = 1
@@ -56,7 +59,30 @@ class PeftAdapterInfo:
     @classmethod
     def from_dict(cls, data: dict, path: Path) -> "PeftAdapterInfo":
         wanted = {f.name for f in fields(cls)} - {"path"}
-        return cls(path=path, **{k: data[k] for k in wanted})
+        info = cls(path=path, **{k: data[k] for k in wanted})
+        info.check(str(path / SIDECAR_FILE))
+        return info
+
+    def check(self, source: str) -> None:
+        """AdapterError naming the first field outside its real range (as an attnft adapter's config is checked)."""
+        f = Fields(source)
+        f.choice("method", self.method, tuple(PEFT_METHOD_NAMES), optional=False)
+        for name in ("policy", "model_name", "peft_version", "attnft_version"):
+            f.text(name, getattr(self, name), empty=name.endswith("_version"))
+        f.integer("input_size", self.input_size, 1, MAX_INPUT_SIDE)
+        if self.num_classes is not None:
+            f.integer("num_classes", self.num_classes, 1, MAX_CLASSES)
+        f.labels(self.label_names, self.num_classes)
+        f.data_config(self.data_config, self.input_size)
+        f.hex64("base_fingerprint", self.base_fingerprint)
+        f.hex64("weights_sha256", self.weights_sha256)
+        f.integer("weights_bytes", self.weights_bytes, 0, 1 << 50)
+        f.integer("trained_params", self.trained_params, 0, 1 << 50)
+        for name in ("model_args", "targets", "metadata"):
+            f.mapping(name, getattr(self, name))
+        if not isinstance(self.head_modules, list) or not all(isinstance(m, str) for m in self.head_modules):
+            f.fail("head_modules", "must be a list of module names")
+        f.text("created", self.created, empty=True)
 
 
 def is_peft_adapter(path: Union[str, os.PathLike]) -> bool:
@@ -77,5 +103,9 @@ def read_peft_adapter(path: Union[str, os.PathLike]) -> PeftAdapterInfo:
         if data.get("format_version", 0) > SIDECAR_VERSION:
             raise ValueError(f"format version {data['format_version']}; this attnft reads up to {SIDECAR_VERSION}: upgrade attnft")
         return PeftAdapterInfo.from_dict(data, path)
+    except AdapterError:
+        raise
+    except RecursionError:
+        raise AdapterError(f"{path / SIDECAR_FILE} is unreadable: nested too deep") from None
     except (ValueError, KeyError, TypeError) as e:
         raise AdapterError(f"{path / SIDECAR_FILE} is unreadable: {e}") from None
