@@ -1,7 +1,7 @@
 """attnft: attention-only fine-tuning of Vision Transformers.
 
-Importing attnft registers its bundled models (``vit_fmnist_patch32_224``, the default, and
-``vit_fmnist_patch4_28``) in timm's registry,
+Importing attnft registers its bundled models (``vit_fmnist_patch16_224``, the default,
+``vit_fmnist_patch32_224`` and ``vit_fmnist_patch4_28``) in timm's registry,
 without importing timm: see :mod:`attnft.registration`.
 """
 __version__ = "0.1.0"

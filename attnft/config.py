@@ -19,11 +19,11 @@ from typing import Any, Optional
 from .augmentation import AUG_CHOICES, AUG_FIELDS, AugConfig, auto_aug_level, resolve_aug
 from .errors import ConfigError
 from .parsing import (  # noqa: F401  re-exported: the config's parsing, one import away
-    TASK_DEFAULT, add_config_arguments, coerce_fields, config_from_args, from_dict, load_recipe, parse_bool,
+    TASK_DEFAULT, add_config_arguments, coerce_fields, config_from_args, from_dict, load_recipe, parse_background, parse_bool,
 )
 
 # registered in timm by `import attnft.bundled`; a string here so the CLI need not import timm
-DEFAULT_MODEL = "vit_fmnist_patch32_224"
+DEFAULT_MODEL = "vit_fmnist_patch16_224"
 OPTIMIZERS = ("adamw", "sgd")  # timm names: "sgd" is SGD with Nesterov momentum
 PRECISIONS = ("no", "bf16", "fp16")
 # With no dataset a run is the quick demo: the bundled ViT on a subset of Fashion-MNIST (the
@@ -145,6 +145,9 @@ class FinetuneConfig:
     val_fraction: float = _opt(0.1, "share of the training images held out for evaluation (seeded, stratified) "
                                "when the data has no evaluation split, e.g. a folder of class folders",
                                group=DATA)
+    background: Optional[str] = _opt(None, "the colour transparent pixels become: white, black, mean (the base's "
+                                     "normalisation mean) or R,G,B (default: the base's: black for the bundled models, "
+                                     "pretrained on black, the mean for others)", metavar="COLOUR", group=DATA)
     workers: Optional[int] = _opt(None, "data loader worker processes per training process (default: the cores "
                                   "each process gets, less one, at most 8)", group=DATA)
     # --- augmentation: a level, and the fields of attnft.augmentation.AugConfig that override it
@@ -240,6 +243,11 @@ class FinetuneConfig:
         _require(0 <= self.drop_path < 1, "drop_path must be in [0, 1)")
         _check_augmentation(self)
         _check_distillation(self)
+        if self.background is not None:
+            try:
+                parse_background(self.background)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
         _require(self.clip_grad is None or self.clip_grad > 0, "clip_grad must be positive")
         _require(self.workers is None or self.workers >= 0, "workers must not be negative")

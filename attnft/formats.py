@@ -193,7 +193,7 @@ class PeftFormat(AdapterFormat):
             raise ConfigError(f"adapter mode {mode!r} is for attnft adapters: a peft adapter is saved in peft's format")
         check_finite(report.trained_tensors(model), f"adapter {Path(path).name}")
         _peft().save_peft_adapter(model, report, path, overwrite=overwrite, label_names=label_names,
-                                  metadata=training, model_name=model_name)
+                                  metadata=training, model_name=model_name, data_config=data_config)
 
     def config(self, source) -> PeftAdapterInfo:
         return source if isinstance(source, PeftAdapterInfo) else read_peft_adapter(source)

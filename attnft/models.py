@@ -37,6 +37,7 @@ from timm.models import clean_state_dict, get_model_input_config, model_entrypoi
 from torch import nn
 
 from .errors import AdapterError, ConfigError, UnknownModelError
+from .parsing import parse_background
 from .hub import hub_errors
 from .hf_models import is_transformers_name, is_transformers_model
 from .resolution import check_img_size, check_img_size_value, check_token_count, resample_state_dict
@@ -151,12 +152,33 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return clean_state_dict(dict(content))
 
 
-def data_config(model: nn.Module, img_size: int | None = None, crop_pct: float | None = None) -> dict:
+def data_config(model: nn.Module, img_size: int | None = None, crop_pct: float | None = None,
+                background: str | None = None) -> dict:
     """timm's data config (input_size, interpolation, mean, std, crop_pct, crop_mode) for the model
-    as built, not as pretrained: ``input_size`` follows ``img_size`` (default: the model's size)."""
+    as built, not as pretrained: ``input_size`` follows ``img_size`` (default: the model's size);
+    and ``background``, the RGB colour a transparent pixel becomes (``--background``; default
+    :func:`base_background`)."""
     channels = get_model_input_config(model)["input_size"][0]
     size = (img_size, img_size) if img_size is not None else model_img_size(model)
-    return resolve_model_data_config(model, args={"input_size": (channels, *size), "crop_pct": crop_pct})
+    config = resolve_model_data_config(model, args={"input_size": (channels, *size), "crop_pct": crop_pct})
+    colour = parse_background(background) if background is not None else base_background(model)
+    config["background"] = _mean_colour(config["mean"]) if colour == "mean" else tuple(colour)
+    return config
+
+
+def base_background(model: nn.Module):
+    """The colour a transparent pixel becomes for this base: what its pretraining images show where
+    nothing is, where known (the bundled models: black); else ``"mean"``, its normalisation mean,
+    which the model sees as an all-zero input."""
+    from .bundled import BACKGROUND, BUNDLED_MODELS
+
+    architecture = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
+    return BACKGROUND if architecture in BUNDLED_MODELS else "mean"
+
+
+def _mean_colour(mean) -> tuple[int, int, int]:
+    values = [round(255 * float(m)) for m in mean]
+    return tuple((values * 3)[:3]) if len(values) == 1 else tuple(values[:3])
 
 
 def base_label_names(model: nn.Module) -> Optional[list[list[str]]]:

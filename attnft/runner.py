@@ -130,7 +130,7 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
     elif model.num_classes != task.num_classes:
         raise ConfigError(f"--no-new-head: the base predicts {model.num_classes} classes, "
                           f"{task.source} has {task.num_classes}")
-    data_cfg = data_config(model, cfg.res, cfg.crop_pct)
+    data_cfg = data_config(model, cfg.res, cfg.crop_pct, cfg.background)
     res = int(data_cfg["input_size"][-1])
     applied = method.apply(model)  # base: the base's identity before any weight moves (peft: in the report)
     model, report, base = applied.model, applied.report, applied.base

@@ -1,12 +1,15 @@
-"""Derive the bundled 224 px ViT (patch 32) from the bundled 28 px one (patch 4), then adapt it briefly at 224 px.
+"""Derive a bundled 224 px ViT from the bundled 28 px one (patch 4), then adapt it briefly at 224 px.
 
     PYTHONPATH=. python recipes/derive_fmnist_224.py --config recipes/derive_fmnist_224.yaml [--epochs 1 ...]
+    PYTHONPATH=. python recipes/derive_fmnist_224.py --config recipes/derive_fmnist_patch16_224.yaml
 
 A 28 px Fashion-MNIST image upscaled 8x to 224 px puts under each 32 px patch exactly the 4x4
 source pixels one patch of the 28 px model sees, so the 7x7 grid, the position embeddings and
 every block carry over unchanged; only the patch embedding grows, by timm's FlexiViT
 pseudo-inverse resize (``resample_patch_embed``: on an upscaled patch the new kernel gives what
-the old one gave on the source). Bicubic upscaling mixes pixels across patch borders, which the
+the old one gave on the source). For a finer grid (16 px patches: 14x14, ViT-S/16's) the source
+is first built at ``source_img_size`` (56 px: its 4 px patches then cover 2x2 source pixels,
+timm's filter resamples the position embeddings to 14x14), and that model's kernel is resized. Bicubic upscaling mixes pixels across patch borders, which the
 resize does not model, so the whole model then trains briefly on the train set upscaled as
 ``attnft finetune`` upscales it (PIL bicubic), with the source recipe's crops and flips done at
 28 px. Writes ``<model>.safetensors`` (fp32) and ``<model>.json`` (config, time, accuracies) to
@@ -34,6 +37,7 @@ from pretrain_fmnist import PretrainConfig, parse_config, save_weights_and_facts
 class DeriveConfig(PretrainConfig):
     """The source recipe's fields (crops, flips, schedule, ...), with a short, gentle schedule by default."""
     source: str = "vit_fmnist_patch4_28"  # pretrained=True: the bundled weights
+    source_img_size: int = 0  # build the source at this size first (its grid then the target's); 0: its own
     interpolation: str = "bicubic"  # of the patch-embedding resize, as timm's default
     model: str = "vit_fmnist_patch32_224"
     epochs: int = 1
@@ -43,8 +47,16 @@ class DeriveConfig(PretrainConfig):
     out_dir: str = "outputs/derive_fmnist_224"
 
 
+# the recipe of each bundled model this script made
+CONFIG_FILES = {"vit_fmnist_patch32_224": "recipes/derive_fmnist_224.yaml",
+                "vit_fmnist_patch16_224": "recipes/derive_fmnist_patch16_224.yaml"}
+
+
 def derive(source: torch.nn.Module, target: torch.nn.Module, interpolation: str) -> None:
     """Load ``source``'s weights into ``target``, the patch-embedding kernel resized to ``target``'s patch."""
+    if tuple(source.patch_embed.grid_size) != tuple(target.patch_embed.grid_size):
+        raise SystemExit(f"the source's grid {source.patch_embed.grid_size} is not the target's "
+                         f"{target.patch_embed.grid_size}: set source_img_size")
     state = dict(source.state_dict())
     kernel = state["patch_embed.proj.weight"]  # [D, 3, p, p]
     state["patch_embed.proj.weight"] = resample_patch_embed(
@@ -63,7 +75,7 @@ def accuracy(model, images: np.ndarray, labels: np.ndarray, mean, std, batch_siz
     """Top-1 accuracy in percent, the 28 px images upscaled to the model's input size."""
     model.eval()
     size = model.patch_embed.img_size[0]
-    correct = 0
+    correct = 0  # the 28 px images upscaled to the model's size by PIL bicubic
     for start in range(0, len(images), batch_size):
         batch = torch.from_numpy(images[start:start + batch_size])
         if size != batch.shape[-1]:
@@ -75,7 +87,7 @@ def accuracy(model, images: np.ndarray, labels: np.ndarray, mean, std, batch_siz
 def main() -> None:
     cfg = parse_config(DeriveConfig, __doc__)
     generator, (train_images, train_labels), (test_images, test_labels) = seed_and_read(cfg)
-    source = timm.create_model(cfg.source, pretrained=True)
+    source = timm.create_model(cfg.source, pretrained=True, **({"img_size": cfg.source_img_size} if cfg.source_img_size else {}))
     model = timm.create_model(cfg.model, pretrained=False)
     derive(source, model, cfg.interpolation)
     size = model.patch_embed.img_size[0]
@@ -97,9 +109,9 @@ def main() -> None:
     save_weights_and_facts(
         model, cfg, history, train_seconds, lambda images, labels: accuracy(model, images, labels, mean, std),
         test_images=len(test_labels), train_images=len(train_labels),
-        command="PYTHONPATH=. python recipes/derive_fmnist_224.py --config recipes/derive_fmnist_224.yaml",
+        command=f"PYTHONPATH=. python recipes/derive_fmnist_224.py --config {CONFIG_FILES.get(cfg.model, 'CONFIG')}",
         leading_facts=dict(derived_from=cfg.source),
-        # before the adaptation: the source at its 28 px, the derived model (resized kernel only) at 224 px
+        # before the adaptation: the source at its size (source_img_size), the derived model (resized kernel) at 224 px
         extra_facts=dict(source_test_accuracy=round(source_acc, 2), derived_test_accuracy=round(derived_acc, 2)))
 
 

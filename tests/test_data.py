@@ -22,11 +22,12 @@ from attnft.data import (
     load_task,
     make_mixup,
     to_rgb,
+    flatten,
     with_transform,
 )
 from attnft.data import fashion_mnist
 from attnft.data.presets import HUB
-from attnft.errors import DataError
+from attnft.errors import ConfigError, DataError
 
 COLORS = {"cat": (200, 30, 30), "dog": (30, 30, 200), "owl": (30, 200, 30)}
 
@@ -220,7 +221,7 @@ def test_inat2021_folder_layout_streams_by_default_with_prefix_ordered_classes(t
 
 # ---- image modes and unreadable images ----------------------------------------------------------
 
-def test_grayscale_palette_and_cmyk_images_become_rgb(tmp_path):
+def test_grayscale_palette_and_cmyk_images_become_rgb_and_transparent_ones_rgba(tmp_path):
     # each file has its own width, which tells them apart after loading
     root = tmp_path / "modes"
     os.makedirs(root / "train" / "gray")
@@ -237,19 +238,60 @@ def test_grayscale_palette_and_cmyk_images_become_rgb(tmp_path):
     task = load_task(str(root), eval_split="train")
     by_width = {}
     for image, _ in all_samples(task.train):
-        assert image.mode == "RGB"
-        by_width[image.size[0]] = image.getpixel((0, 0))
+        assert image.mode == ("RGBA" if image.size[0] in (8, 9) else "RGB")  # the palettes with a transparent entry
+        by_width[image.size[0]] = flatten(image).getpixel((0, 0))
     assert by_width[6] == (77, 77, 77)
     assert by_width[7] == (255, 255, 255)  # 16-bit scaled down, not clipped
     assert by_width[8] == (10, 200, 10)
-    assert by_width[9] == (255, 255, 255)  # transparent pixels land on white
+    assert by_width[9] == (255, 255, 255)  # transparent pixels land on flatten's default, white
     assert by_width[10][0] > 200 and by_width[10][1] < 60  # CMYK red stays red
 
 
-def test_to_rgb_flattens_alpha_onto_white():
+def test_to_rgb_flattens_alpha_onto_white_by_default_or_the_colour_given():
     half = Image.new("RGBA", (2, 2), (0, 0, 0, 0))
     assert to_rgb(half).getpixel((0, 0)) == (255, 255, 255)
+    assert to_rgb(half, (0, 0, 0)).getpixel((0, 0)) == (0, 0, 0)
     assert to_rgb(Image.new("LA", (2, 2), (0, 255))).getpixel((0, 0)) == (0, 0, 0)
+
+
+def _alpha_digit(size=8):
+    """A white square at half opacity in the middle of a transparent image."""
+    image = Image.new("RGBA", (size, size), (255, 255, 255, 0))
+    image.paste((255, 255, 255, 128), (2, 2, 6, 6))
+    return image
+
+
+@pytest.mark.parametrize("background, corner", [(None, (255, 255, 255)), ((0, 0, 0), (0, 0, 0)), ((10, 20, 30), (10, 20, 30))])
+def test_the_transform_flattens_transparency_onto_the_data_configs_background(background, corner):
+    data_config = {"input_size": (3, 8, 8), "interpolation": "nearest", "mean": (0.0,) * 3, "std": (1.0,) * 3,
+                   "crop_pct": 1.0, **({"background": background} if background else {})}
+    tensor = build_transforms(data_config, train=False)(_alpha_digit())
+    assert tuple(round(float(v) * 255) for v in tensor[:, 0, 0]) == corner  # no background key: white, as before
+    centre = tuple(round(float(v) * 255) for v in tensor[:, 4, 4])
+    assert all(abs(c - (255 * 128 + k * 127) / 255) <= 1 for c, k in zip(centre, corner))
+
+
+def test_the_bases_background_black_for_the_bundled_models_the_mean_for_others_and_the_flag_wins():
+    import timm
+
+    from attnft import bundled  # noqa: F401
+    from attnft.models import data_config
+
+    bundled_model = timm.create_model("vit_fmnist_patch4_28")
+    assert data_config(bundled_model)["background"] == (0, 0, 0)  # pretrained on black
+    other = timm.create_model("deit_tiny_patch16_224", img_size=32, depth=1)
+    assert data_config(other)["background"] == (124, 116, 104)  # ImageNet's mean: an all-zero input
+    assert data_config(bundled_model, background="white")["background"] == (255, 255, 255)
+    assert data_config(bundled_model, background="mean")["background"] == (73, 73, 73)
+    assert data_config(other, background="1,2,3")["background"] == (1, 2, 3)
+
+
+@pytest.mark.parametrize("spec", ["grey", "1,2", "1,2,256", "-1,0,0", ""])
+def test_a_bad_background_is_a_config_error(spec):
+    from attnft.config import FinetuneConfig
+
+    with pytest.raises(ConfigError, match="background"):
+        FinetuneConfig(background=spec)
 
 
 def test_corrupt_image_is_skipped_with_its_path_in_one_warning(tmp_path, caplog):

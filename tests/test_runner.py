@@ -119,7 +119,7 @@ def test_with_no_model_or_dataset_the_bundled_vit_is_fine_tuned_on_fashion_mnist
                  "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert "Fashion-MNIST" in printed and "input 384 px" in printed
-    name = "vit_fmnist_patch32_224-attn-fashion-mnist-384"
+    name = "vit_fmnist_patch16_224-attn-fashion-mnist-384"
     assert f"adapter saved:   {os.path.join(store, name)}" in printed
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["accuracy_before"] is not None and not result["new_head"]

@@ -7,9 +7,13 @@ patch size) resamples ``pos_embed`` bicubically, as for any timm ViT.
 
 - ``vit_fmnist_patch4_28``: Fashion-MNIST at its own 28 px, 4 px patches (7x7 grid);
   ``recipes/pretrain_fmnist.py``.
-- ``vit_fmnist_patch32_224``: the same ViT for the images upscaled 8x to 224 px, 32 px patches
-  (7x7 grid; 12x12 at 384 px, the grid step of ViT/16 from 224 to 384 px): derived from the first
-  by a patch-embedding resize, then adapted at 224 px; ``recipes/derive_fmnist_224.py``.
+- ``vit_fmnist_patch16_224`` (the default): the same ViT shaped like ViT-S/16 for the images
+  upscaled 8x to 224 px: 16 px patches, a 14x14 grid at 224 px and 24x24 at 384 px (the paper's
+  step), the patch embedding 14% of the weights; derived from the first by a patch-embedding
+  resize and a position-embedding resample, then adapted at 224 px;
+  ``recipes/derive_fmnist_224.py --config recipes/derive_fmnist_patch16_224.yaml``.
+- ``vit_fmnist_patch32_224``: the same ViT with 32 px patches (7x7 grid at 224 px, 12x12 at 384),
+  derived the same way with the grid unchanged; the default before ``vit_fmnist_patch16_224``.
 
 Plain timm, without attnft, knows no such name: :data:`TIMM_EQUIVALENTS` says which timm
 architecture and arguments build the same model, for exports and model cards
@@ -25,6 +29,7 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 BUNDLED_DIR = os.path.dirname(os.path.abspath(__file__))
 BUNDLED_MODEL_28 = "vit_fmnist_patch4_28"
 BUNDLED_MODEL_224 = "vit_fmnist_patch32_224"
+BUNDLED_MODEL_16 = "vit_fmnist_patch16_224"
 BUNDLED_TAG = "attnft"
 
 
@@ -47,13 +52,18 @@ LABEL_NAMES = (
 )
 MEAN = 0.2860
 STD = 0.3530
+# what the pretraining images show where there is nothing: Fashion-MNIST's objects lie on black,
+# so a transparent pixel of a user's image becomes black for these bases
+BACKGROUND = (0, 0, 0)
 
 # 4x4 patches (7x7 = 49 tokens + class token), width 64, 6 blocks of 4 heads
 MODEL_ARGS = dict(img_size=28, patch_size=4, embed_dim=64, depth=6, num_heads=4, mlp_ratio=4.0)
 # the same 7x7 grid over the image upscaled 8x: each 32 px patch covers the 4x4 source pixels of one above
 MODEL_ARGS_224 = dict(MODEL_ARGS, img_size=224, patch_size=32)
+# ViT-S/16's grid: 16 px patches, 14x14 at 224 px (each patch covers 2x2 source pixels)
+MODEL_ARGS_16 = dict(MODEL_ARGS, img_size=224, patch_size=16)
 # name -> the arguments that make it; the weights' own resolution is img_size
-BUNDLED_MODELS = {BUNDLED_MODEL_28: MODEL_ARGS, BUNDLED_MODEL_224: MODEL_ARGS_224}
+BUNDLED_MODELS = {BUNDLED_MODEL_28: MODEL_ARGS, BUNDLED_MODEL_224: MODEL_ARGS_224, BUNDLED_MODEL_16: MODEL_ARGS_16}
 # name -> (a timm name of the same class, the arguments that make it this model): timm's ViT-S/16
 # entry point builds timm's VisionTransformer with the same defaults apart from the geometry
 TIMM_EQUIVALENTS = {name: ("vit_small_patch16_224", args) for name, args in BUNDLED_MODELS.items()}
@@ -62,6 +72,9 @@ _DESCRIPTIONS = {
     BUNDLED_MODEL_28: "Tiny ViT pretrained by attnft on Fashion-MNIST train (60k) at 28 px; recipes/pretrain_fmnist.py",
     BUNDLED_MODEL_224: f"{BUNDLED_MODEL_28} for Fashion-MNIST upscaled to 224 px (32 px patches), patch embedding "
                        "resized and adapted on the upscaled train set (60k); recipes/derive_fmnist_224.py",
+    BUNDLED_MODEL_16: f"{BUNDLED_MODEL_28} for Fashion-MNIST upscaled to 224 px with ViT-S/16's 14x14 grid (16 px "
+                      "patches), patch and position embeddings resampled and adapted on the upscaled train set (60k); "
+                      "recipes/derive_fmnist_224.py --config recipes/derive_fmnist_patch16_224.yaml",
 }
 
 
@@ -111,6 +124,12 @@ def vit_fmnist_patch4_28(pretrained: bool = False, **kwargs) -> VisionTransforme
 def vit_fmnist_patch32_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
     """ViT for 224x224 inputs (28 px images upscaled): :data:`MODEL_ARGS_224`."""
     return _create(BUNDLED_MODEL_224, pretrained, **kwargs)
+
+
+@register_model
+def vit_fmnist_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-S/16's grid for 224x224 inputs (28 px images upscaled): :data:`MODEL_ARGS_16`."""
+    return _create(BUNDLED_MODEL_16, pretrained, **kwargs)
 
 
 def bundled_facts(name: str) -> dict:

@@ -1,6 +1,6 @@
 """``attnft eval``: top-1, top-5 and per-class accuracy of a model, or a model plus an adapter, as JSON.
 
-    attnft eval --adapter vit_fmnist_patch32_224-attn-fashion-mnist-384
+    attnft eval --adapter vit_fmnist_patch16_224-attn-fashion-mnist-384
     attnft eval --model vit_small_patch16_384 --dataset cars --data-dir ~/cars --split test --output cars.json
 
 With an adapter, the model, resolution and eval transform default to the adapter's, so the
@@ -107,7 +107,9 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     if adapter_config is not None:
         data_cfg = dict(adapter_config.data_config)
         if cfg.res is not None or cfg.crop_pct is not None:
+            background = data_cfg.get("background")  # the adapter's colour for transparent pixels (none: white)
             data_cfg = data_config(model, res, cfg.crop_pct if cfg.crop_pct is not None else data_cfg.get("crop_pct"))
+            data_cfg["background"] = background
     else:
         data_cfg = data_config(model, res, cfg.crop_pct)
     if model.num_classes != task.num_classes:

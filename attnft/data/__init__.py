@@ -12,6 +12,7 @@ from .images import (
     ImageClassificationIterable,
     collate_skipping_failures,
     decode_image,
+    flatten,
     to_rgb,
 )
 from .loading import TaskData, check_batch_size, load_task, quiet_datasets
@@ -46,6 +47,7 @@ __all__ = [
     "load_task",
     "make_mixup",
     "quiet_datasets",
+    "flatten",
     "to_rgb",
     "with_transform",
 ]

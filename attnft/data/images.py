@@ -1,7 +1,10 @@
 """Decoding images to RGB, lazily, skipping the ones that cannot be read.
 
 Every split a task hands out is one of the two wrappers here: they turn rows of a
-Hugging Face dataset (or of in-memory arrays) into ``(PIL RGB image, int label)``.
+Hugging Face dataset (or of in-memory arrays) into ``(PIL image, int label)``, the image RGB, or
+RGBA where it has transparency: which colour a transparent pixel becomes is a property of the
+data and the base, so the transform flattens it onto the data config's ``background``
+(:func:`attnft.data.transforms.build_transforms`), not this module onto one constant.
 Images are decoded in ``__getitem__`` / ``__iter__``, so an unreadable file costs
 one warning and one sample, never the run: the map-style wrapper returns ``None``
 for it and :func:`collate_skipping_failures` drops it from the batch; the iterable
@@ -21,28 +24,39 @@ logger = logging.getLogger(__name__)
 
 Sample = tuple[Image.Image, int]
 
-# Alpha is flattened onto white: the usual background of product shots and icons.
-_BACKGROUND = (255, 255, 255)
+# What a transparent pixel became before the background was part of the data config: adapters
+# saved then have no ``background`` and keep this one.
+WHITE = (255, 255, 255)
 
 
-def to_rgb(image: Image.Image) -> Image.Image:
-    """``image`` as 8-bit RGB: grayscale, palette, CMYK and 16-bit modes converted, alpha on white."""
+def to_rgb_or_rgba(image: Image.Image) -> Image.Image:
+    """``image`` as 8-bit RGB, or RGBA if it has transparency: grayscale, palette, CMYK and 16-bit modes converted."""
     if image.mode == "RGB" and "transparency" not in image.info:
         return image
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N"):
         # PIL's own I;16 -> RGB conversion clips at 255 instead of scaling
         array = np.asarray(image, dtype=np.uint16) >> 8
         return Image.fromarray(array.astype(np.uint8)).convert("RGB")
-    has_alpha = image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in image.info
-    if has_alpha:
-        rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, _BACKGROUND + (255,))
-        return Image.alpha_composite(background, rgba).convert("RGB")
+    if image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in image.info:
+        return image.convert("RGBA")
     return image.convert("RGB")
 
 
+def flatten(image: Image.Image, background: tuple[int, int, int] = WHITE) -> Image.Image:
+    """An RGB or RGBA image as RGB, its transparent pixels composited onto ``background`` (0-255 each)."""
+    if image.mode == "RGB":
+        return image
+    rgba = image.convert("RGBA")
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, tuple(background) + (255,)), rgba).convert("RGB")
+
+
+def to_rgb(image: Image.Image, background: tuple[int, int, int] = WHITE) -> Image.Image:
+    """``image`` as 8-bit RGB, any transparency composited onto ``background``."""
+    return flatten(to_rgb_or_rgba(image), background)
+
+
 def decode_image(value: Any) -> Image.Image:
-    """Decode one stored image to RGB.
+    """Decode one stored image to RGB, or RGBA where it has transparency (:func:`to_rgb_or_rgba`).
 
     ``value`` is what a dataset row holds: a ``datasets.Image(decode=False)`` dict
     (``bytes`` and/or ``path``), a path, raw bytes, a uint8 array [H, W] or [H, W, C],
@@ -66,7 +80,7 @@ def decode_image(value: Any) -> Image.Image:
     else:
         raise TypeError(f"cannot decode an image from {type(value).__name__}")
     image.load()  # open() is lazy: truncated or corrupt data only fails here
-    return to_rgb(image)
+    return to_rgb_or_rgba(image)
 
 
 def describe_image(value: Any, index: int, source: str) -> str:
@@ -105,7 +119,7 @@ class _Decoder:
 
 
 class ImageClassificationDataset(Dataset):
-    """Map-style split: item ``i`` is ``(PIL RGB image, int label)``, or ``None`` if the image is unreadable.
+    """Map-style split: item ``i`` is ``(PIL RGB or RGBA image, int label)``, or ``None`` if the image is unreadable.
 
     ``rows`` is anything indexable by int that returns dicts (a ``datasets.Dataset``
     whose image column has ``decode=False``, or :class:`ArrayRows`). ``indices``
@@ -145,7 +159,7 @@ class ImageClassificationDataset(Dataset):
 
 
 class ImageClassificationIterable(IterableDataset):
-    """Streaming split: yields ``(PIL RGB image, int label)`` and silently drops unreadable images after warning.
+    """Streaming split: yields ``(PIL RGB or RGBA image, int label)`` and silently drops unreadable images after warning.
 
     ``rows`` is a ``datasets.IterableDataset`` (image column with ``decode=False``); it
     shards itself across DataLoader workers, and :meth:`set_epoch` reshuffles it.

@@ -3,6 +3,8 @@
 ``data_config`` is timm's dict (``input_size``, ``interpolation``, ``mean``, ``std``,
 ``crop_pct``, optionally ``crop_mode``) already at the target resolution: timm's
 config does not follow a ``--res`` change by itself, the caller sets ``input_size``.
+attnft adds ``background``: the colour (0-255 RGB) a transparent pixel becomes, before
+anything else (:func:`attnft.models.data_config` gives the base's; white where a config has none).
 """
 import re
 from collections.abc import Callable, Iterator
@@ -15,7 +17,20 @@ from torch.utils.data import Dataset, IterableDataset
 
 from ..augmentation import AugConfig
 from ..errors import ConfigError
-from .images import ImageClassificationDataset, ImageClassificationIterable
+from .images import WHITE, ImageClassificationDataset, ImageClassificationIterable, flatten
+
+
+class Flatten:
+    """An RGB or RGBA PIL image -> RGB, transparent pixels on ``background``: the first step of every transform."""
+
+    def __init__(self, background=WHITE):
+        self.background = tuple(int(c) for c in background)
+
+    def __call__(self, image):
+        return flatten(image, self.background)
+
+    def __repr__(self) -> str:
+        return f"Flatten(background={self.background})"
 
 
 def _posterize(img, bits_to_keep, **kwargs):
@@ -65,7 +80,14 @@ def check_auto_augment(policy: str | None) -> None:
 
 
 def build_transforms(data_config: dict, *, train: bool, aug: AugConfig | None = None) -> Callable:
-    """PIL RGB image -> float tensor [3, H, W] normalised, with (H, W) = ``data_config["input_size"][1:]``."""
+    """PIL RGB or RGBA image -> float tensor [3, H, W] normalised, with (H, W) = ``data_config["input_size"][1:]``:
+    transparency flattened onto ``data_config["background"]``, then timm's transform."""
+    from torchvision.transforms import Compose
+
+    return Compose([Flatten(data_config.get("background") or WHITE), _timm_transform(data_config, train, aug)])
+
+
+def _timm_transform(data_config: dict, train: bool, aug: AugConfig | None) -> Callable:
     interpolation = data_config.get("interpolation", "bicubic")
     common = dict(input_size=data_config["input_size"], mean=data_config["mean"], std=data_config["std"])
     if not train:

@@ -37,11 +37,12 @@ def save_peft_adapter(
     label_names: Optional[list[str]] = None,
     metadata: Optional[dict] = None,
     model_name: Optional[str] = None,
+    data_config: Optional[dict] = None,
 ) -> PeftAdapterInfo:
     """Save ``peft_model``'s adapter as folder ``path``: peft's two files plus ``attnft.json``.
 
     ``model_name`` is how to create the base again (e.g. ``local-dir:PATH``); by default the
-    base's timm name.
+    base's timm name. ``data_config`` is the run's (its eval crop, its background); by default the base's.
 
     Plain ``PeftModel.from_pretrained(base, path)`` loads it. The folder appears whole or not
     at all (:func:`attnft.adapters.write_directory_atomically`); an existing one is replaced
@@ -63,7 +64,7 @@ def save_peft_adapter(
         "input_size": size,
         "num_classes": num_classes,
         "label_names": list(label_names) if label_names is not None else None,
-        "data_config": jsonable(default_data_config(base, size)),
+        "data_config": jsonable(data_config if data_config is not None else default_data_config(base, size)),
         "base_fingerprint": report.base_fingerprint,
         "targets": {name: role.value for name, role in report.targets.modules.items()},
         "head_modules": report.targets.head,
