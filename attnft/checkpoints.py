@@ -2,9 +2,9 @@
 
 Every random draw of a run is a function of the seed and of where it happens
 (:mod:`attnft.seeding`), so a checkpoint needs no RNG state: the trainable weights, optimizer,
-schedule, (fp16) scaler and the :class:`Position` are enough for a resumed run to end bitwise
-equal to an uninterrupted one on the CPU. Files are written atomically and read with
-``weights_only``; a bad one is one ConfigError line that says what to delete.
+schedule, (fp16) scaler, the model EMA's averaged tensors (``--model-ema``) and the :class:`Position`
+are enough for a resumed run to end bitwise equal to an uninterrupted one on the CPU. Files are
+written atomically and read with ``weights_only``; a bad one is one ConfigError line that says what to delete.
 """
 from __future__ import annotations
 
@@ -36,11 +36,12 @@ class Position:
 
 
 def save_checkpoint(directory: Path, position: Position, model: nn.Module, optimizer, scheduler, accelerator,
-                    cfg: FinetuneConfig, accuracy_before: Optional[float]) -> Optional[Path]:
+                    cfg: FinetuneConfig, accuracy_before: Optional[float], ema=None) -> Optional[Path]:
     """Write ``step_N.pt`` atomically (temp file, fsync, rename) and keep the newest ``cfg.keep_checkpoints``.
 
     Holds the trainable weights only (frozen ones come from the base), the optimizer, the
-    schedule, the fp16 scaler and the position. Called by every process; the main one writes.
+    schedule, the fp16 scaler, the position and ``ema``'s averaged tensors (None without one).
+    Called by every process; the main one writes.
     A failed write (full disk) is one StoreError line on every process, leaving no temporary file.
     """
     written = []
@@ -54,6 +55,7 @@ def save_checkpoint(directory: Path, position: Position, model: nn.Module, optim
             "scaler": accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
             "config": cfg.to_dict(),
             "accuracy_before": accuracy_before,
+            "ema": ema.trained_state() if ema is not None else None,
         }
         path = directory / f"step_{position.step:08d}.pt"
         tmp = directory / f".{path.name}.tmp"
@@ -99,8 +101,8 @@ class _RecordingWrites:
         self.file.flush()
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, accelerator) -> dict:
-    """Restore what :func:`save_checkpoint` wrote into the (unwrapped) model, optimizer and schedule."""
+def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, accelerator, ema=None) -> dict:
+    """Restore what :func:`save_checkpoint` wrote into the (unwrapped) model, optimizer, schedule and ``ema``."""
     state = _read_checkpoint(path)
     params = dict(model.named_parameters())
     try:
@@ -111,6 +113,8 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, accelera
         scheduler.load_state_dict(state["scheduler"])
         if state["scaler"] is not None and accelerator.scaler is not None:
             accelerator.scaler.load_state_dict(state["scaler"])
+        if ema is not None:
+            ema.load_trained_state(state.get("ema"))  # absent from checkpoints made before --model-ema existed
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise _corrupt_checkpoint(path, f"it does not fit this run: {type(e).__name__} {e}") from None
     return state

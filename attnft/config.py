@@ -186,6 +186,15 @@ class FinetuneConfig:
                                group=OPTIM)
     momentum: float = _opt(0.9, "SGD momentum", group=OPTIM)
     clip_grad: Optional[float] = _opt(None, "clip the gradient norm to this value", group=OPTIM)
+    layer_decay: Optional[float] = _opt(None, "layer-wise lr decay in (0, 1] (BEiT's, timm's groups): the head at lr, "
+                                        "each block below at DECAY x the one above, the stem lowest", metavar="DECAY",
+                                        group=OPTIM)
+    model_ema: bool = _opt(False, "evaluate and save an exponential moving average of the trained weights (timm's "
+                           "ModelEmaV3)", group=OPTIM)
+    model_ema_decay: float = _opt(0.9998, "EMA decay per optimizer step, in (0, 1) (timm's train.py default)",
+                                  group=OPTIM)
+    model_ema_warmup: bool = _opt(False, "ramp the EMA decay up as timm does (1 - (1 + step)^-2/3, at most the decay): "
+                                  "for runs shorter than about 1 / (1 - decay) steps", group=OPTIM)
     # --- run
     precision: str = _opt("no", "mixed precision: no, bf16, fp16 (GPU)", choices=PRECISIONS, group=RUN)
     cpu: bool = _opt(False, "train on the CPU even if a GPU is present", group=RUN)
@@ -250,6 +259,9 @@ class FinetuneConfig:
                 raise ConfigError(str(e)) from None
         _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
         _require(self.clip_grad is None or self.clip_grad > 0, "clip_grad must be positive")
+        _require(self.layer_decay is None or 0 < self.layer_decay <= 1,
+                 f"layer_decay must be in (0, 1], got {self.layer_decay}")
+        _require(0 < self.model_ema_decay < 1, f"model_ema_decay must be in (0, 1), got {self.model_ema_decay}")
         _require(self.workers is None or self.workers >= 0, "workers must not be negative")
         _require(0 <= self.seed <= MAX_SEED, f"seed must be between 0 and {MAX_SEED}, got {self.seed}")
         _require(self.max_train is None or self.max_train >= 1, "max_train must be at least 1")

@@ -7,7 +7,7 @@ or a peft method on the role map's modules (``lora``, ``ia3+ffn:r=16``: :mod:`at
     method = parse_method(cfg.policy)      # UnknownPolicyError for a typo, before any model
     method.check_blocks(num_blocks, name)  # @BLOCKS the model does not have
     applied = method.apply(model)          # what trains, its report, the base's snapshot
-    optimizer = create_optimizer_v2(applied.optimizer_params(weight_decay), ...)
+    optimizer = create_optimizer_v2(applied.optimizer_params(weight_decay, layer_decay), ...)
 
 To add a method: its spec parser and apply function in a module of their own (as
 :mod:`attnft.peft_methods`), a :class:`Method` subclass here that wraps them, and its branch in
@@ -37,19 +37,32 @@ class Applied:
     report: Union[PolicyReport, "PeftReport"]
     base: Optional[BaseSnapshot]  # the base's fingerprint and start values (freezing); None for peft
 
-    def optimizer_params(self, weight_decay: float):
+    def optimizer_params(self, weight_decay: float, layer_decay: Optional[float] = None):
         """What ``timm.optim.create_optimizer_v2`` takes: the model, whose parameters timm groups
-        itself (no decay on biases, norms, position embedding, tokens)."""
-        return self.model
+        itself (no decay on biases, norms, position embedding, tokens); with ``layer_decay``, timm's
+        layer-wise groups of the trainable tensors (:func:`attnft.layer_decay.layer_decay_groups`)."""
+        if layer_decay is None:
+            return self.model
+        from .layer_decay import layer_decay_groups
+
+        no_decay = getattr(self.model, "no_weight_decay", set)()  # as create_optimizer_v2 asks a model
+        return layer_decay_groups(self.model, self.backbone, self.report.role_map, weight_decay, layer_decay,
+                                  no_weight_decay=no_decay)
 
 
 @dataclass
 class _PeftApplied(Applied):
-    def optimizer_params(self, weight_decay: float) -> list[dict]:
-        """peft's trainable tensors in timm's decay groups, IA3 scales undecayed (:func:`attnft.peft_methods.param_groups`)."""
-        from .peft_methods import param_groups
+    def optimizer_params(self, weight_decay: float, layer_decay: Optional[float] = None) -> list[dict]:
+        """peft's trainable tensors in timm's decay groups, IA3 scales undecayed
+        (:func:`attnft.peft_methods.param_groups`); with ``layer_decay``, each in the layer of the base module it sits in."""
+        from .peft_methods import no_decay_names, param_groups
 
-        return param_groups(self.model, weight_decay)
+        if layer_decay is None:
+            return param_groups(self.model, weight_decay)
+        from .layer_decay import layer_decay_groups
+
+        return layer_decay_groups(self.model, self.backbone, self.report.role_map, weight_decay, layer_decay,
+                                  no_weight_decay=no_decay_names(self.model))
 
 
 class Method:

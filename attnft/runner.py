@@ -77,6 +77,8 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
 
     from . import bundled  # noqa: F401  registers the default model in timm
     from .data import check_auto_augment, check_batch_size, load_task, make_mixup, quiet_datasets
+    from .ema import build_ema
+    from .layer_decay import describe_layer_decay
     from .methods import parse_method
     from .models import base_label_names, checkpoint_bytes, create_model, data_config, head_fits
     from .roles import build_role_map
@@ -99,6 +101,8 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
     check_auto_augment(cfg.auto_augment)
     if method.is_peft and accelerator.distributed_type == DistributedType.FSDP:
         raise ConfigError(f"--policy {cfg.policy} (peft) is not supported under FSDP yet: use DDP")
+    if cfg.model_ema and accelerator.distributed_type == DistributedType.FSDP:
+        raise ConfigError("--model-ema is not supported under FSDP yet: use DDP")
     store = AdapterStore(cfg.store)
     if cfg.name is not None:
         store.check_writable(cfg.name, cfg.overwrite)  # a taken name or a bad store, before model and data
@@ -161,6 +165,7 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
     backbone = applied.backbone  # the role map names the plain model's modules
     if distill is not None and is_distilled_student(backbone):
         backbone.set_distilled_training(True)  # (z_cls, z_dist) in training; their average at eval, as DeiT
+    ema = build_ema(cfg, model, accelerator)  # before recompute, compile and DDP change the model; None: off
     if cfg.recompute_ffn:
         from .memory import enable_ffn_recompute
 
@@ -171,7 +176,8 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
         enable_grad_checkpointing(backbone, report.role_map)
     if accelerator.distributed_type == DistributedType.FSDP:
         fsdp_keep_frozen_apart(accelerator)
-    params = applied.optimizer_params(cfg.weight_decay)  # no decay on biases, norms, tokens, IA3 scales
+    # no decay on biases, norms, tokens, IA3 scales; with --layer-decay, timm's layer-wise groups
+    params = applied.optimizer_params(cfg.weight_decay, cfg.layer_decay)
     # fused AdamW where the GPU has it; on the CPU the default kernel keeps results bitwise as before
     fused = adamw_kwargs(accelerator.device) if cfg.optimizer == "adamw" and accelerator.device.type == "cuda" else {}
     optimizer = create_optimizer_v2(params, opt=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -180,6 +186,7 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
     if cfg.compile:
         maybe_compile(backbone)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+    scored = ema.module if ema is not None else model  # what is evaluated and saved
 
     steps_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum) if not task.streaming else None
     total_steps = cfg.steps or cfg.epochs * steps_per_epoch
@@ -187,7 +194,7 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
     scheduler = warmup_cosine_schedule(optimizer, warmup_steps, total_steps, cfg.min_lr / cfg.lr)
     position, accuracy_before, saved = Position(), None, None
     if checkpoint is not None:
-        saved = load_checkpoint(checkpoint, accelerator.unwrap_model(model), optimizer, scheduler, accelerator)
+        saved = load_checkpoint(checkpoint, accelerator.unwrap_model(model), optimizer, scheduler, accelerator, ema)
         position, accuracy_before = Position(**saved["position"]), saved["accuracy_before"]
 
     # --- 4. the run owns its output dir from here (a lock file, removed however the run ends)
@@ -219,6 +226,10 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
             say(f"teacher: {teacher.description}, {teacher.num_params:,} weights ({teacher.param_bytes / 1e6:.2f} MB), "
                 f"frozen; distillation {cfg.distillation}, alpha {cfg.distillation_alpha:g}"
                 + (f", tau {cfg.distillation_tau:g}" if cfg.distillation == "soft" else ""))
+        if cfg.layer_decay is not None:
+            say(describe_layer_decay(optimizer, cfg.layer_decay))
+        if ema is not None:
+            say(ema.describe(total_steps))
         if checkpoint is not None:
             say(f"resumed from {checkpoint} (step {position.step})")
 
@@ -276,19 +287,21 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
 
                 scheduler.step()
                 position.step += 1
+                if ema is not None:
+                    ema.update(accelerator.unwrap_model(model), step=position.step)
                 progress.update(1)
                 clock.step_done(position.step)
                 if position.step % cfg.log_every == 0 or position.step == total_steps:
                     record = window.reduce(accelerator)
                     progress.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['train_acc']:.1f}%",
                                          img_s=f"{record['images_per_s']:.0f}", refresh=False)
-                    metrics.write({"step": position.step, "epoch": epoch, "lr": scheduler.get_last_lr()[0], **record})
+                    metrics.write({"step": position.step, "epoch": epoch, "lr": max(scheduler.get_last_lr()), **record})
                     stop_if_diverged(window, accelerator, cfg, total_steps)  # after the record: the log shows it
                     window = LossWindow()
                 if cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0:
                     stop_if_diverged(window, accelerator, cfg, total_steps)  # never a checkpoint of broken weights
                     save_checkpoint(output_dir / CHECKPOINT_DIR, position, accelerator.unwrap_model(model), optimizer,
-                                    scheduler, accelerator, cfg, accuracy_before)
+                                    scheduler, accelerator, cfg, accuracy_before, ema)
                 if position.step >= total_steps:
                     break
             else:  # the epoch ran to its end
@@ -298,7 +311,7 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
                 epoch, position.batches_in_epoch = epoch + 1, 0
                 if position.step < total_steps and cfg.eval_every and (finished_epoch + 1) % cfg.eval_every == 0:
                     stop_if_diverged(window, accelerator, cfg, total_steps)
-                    result = evaluate(model, eval_loader, task.label_names, accelerator, cfg.progress,
+                    result = evaluate(scored, eval_loader, task.label_names, accelerator, cfg.progress,
                                       f"eval epoch {finished_epoch}")
                     metrics.write({"step": position.step, "epoch": finished_epoch, **eval_record(result)})
                     say(f"epoch {finished_epoch}: {result.summary()}")
@@ -311,11 +324,11 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
         stop_if_weights_broken(model, accelerator, cfg, position.step)  # the last step's update is in no loss yet
 
         # --- 6. the final evaluation, the adapter, the report
-        final = evaluate(model, eval_loader, task.label_names, accelerator, cfg.progress, "eval after")
+        final = evaluate(scored, eval_loader, task.label_names, accelerator, cfg.progress, "eval after")
         metrics.write({"step": position.step, "epoch": position.epoch, **eval_record(final), "final": True})
         if final.num_samples and not math.isfinite(final.loss):  # finite weights, but so large the logits overflow
             raise diverged(f"the evaluation loss is {final.loss} after step {position.step}", cfg)
-        trained = _trained_model(model, accelerator, cfg, task)
+        trained = ema.module if ema is not None else _trained_model(model, accelerator, cfg, task)
 
         training = training_record(cfg, task, final)
 
@@ -356,7 +369,8 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
 
 
 def warmup_cosine_schedule(optimizer, warmup_steps: int, total_steps: int, min_ratio: float):
-    """Linear warmup to the peak over ``warmup_steps``, then cosine to ``min_ratio`` x peak at ``total_steps``."""
+    """Linear warmup to the peak over ``warmup_steps``, then cosine to ``min_ratio`` x peak at ``total_steps``;
+    a group's ``lr_scale`` (layer decay, as timm's schedulers read it) scales all of its curve."""
 
     def factor(step: int) -> float:
         if step < warmup_steps:
@@ -364,7 +378,8 @@ def warmup_cosine_schedule(optimizer, warmup_steps: int, total_steps: int, min_r
         progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    scales = [group.get("lr_scale", 1.0) for group in optimizer.param_groups]  # x 1.0 is exact: no scale, no change
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, [lambda step, s=s: s * factor(step) for s in scales])
 
 
 # --- building blocks -------------------------------------------------------------------------

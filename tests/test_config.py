@@ -74,6 +74,10 @@ def test_unknown_recipe_key_names_the_close_field(tmp_path):
     ("- a list\n", "must be a mapping"),
     ("lr: [1\n", "not valid YAML"),
     ("log_with: neptune\n", "unknown tracker 'neptune'"),
+    ("layer_decay: 0\n", r"layer_decay must be in \(0, 1\]"),
+    ("layer_decay: .nan\n", "layer_decay must be a finite number"),
+    ("model_ema_decay: 1.0\n", r"model_ema_decay must be in \(0, 1\)"),
+    ("model_ema: maybe\n", "model_ema must be true or false"),
 ])
 def test_bad_recipe_values_are_config_errors_naming_the_field(tmp_path, text, message):
     recipe = tmp_path / "bad.yaml"

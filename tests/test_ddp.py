@@ -30,10 +30,15 @@ def loss_curve(directory):
     return [r["loss"] for r in MetricsLog(directory / "run" / "metrics.jsonl").read() if "loss" in r]
 
 
-@pytest.mark.parametrize("with_teacher", [False, True], ids=["plain", "teacher"])
-def test_two_process_ddp_follows_the_one_process_loss_curve_with_the_same_global_batch(tiny, tmp_path, with_teacher):
+# the base as its own teacher; the model EMA (each process keeps its own) with layer decay
+EXTRA = {"plain": [], "teacher": ["--teacher", None, "--distillation", "soft"],
+         "ema": ["--model-ema", "--model-ema-decay", "0.8", "--layer-decay", "0.75"]}
+
+
+@pytest.mark.parametrize("extra", list(EXTRA))
+def test_two_process_ddp_follows_the_one_process_loss_curve_with_the_same_global_batch(tiny, tmp_path, extra):
     model, data = tiny
-    run = RUN + (["--teacher", model, "--distillation", "soft"] if with_teacher else [])  # the base as its teacher
+    run = RUN + [model if flag is None else flag for flag in EXTRA[extra]]
     ddp_args = finetune_args(model, data, tmp_path / "ddp", *run)
     ddp_args[ddp_args.index("--batch-size") + 1] = "4"  # x 2 processes = 8
     launched = subprocess.run(

@@ -135,3 +135,25 @@ def test_repeated_augmentation_resumes_bitwise_mid_epoch(tiny, tmp_path):
     a = load_file(str(tmp_path / "a" / "store" / "model-attn-colors-32" / "adapter_model.safetensors"))
     b = load_file(str(tmp_path / "b" / "store" / "b" / "adapter_model.safetensors"))
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_model_ema_and_layer_decay_resume_bitwise_mid_epoch(tiny, tmp_path):
+    """The average is in the checkpoint: a run resumed from a mid-epoch checkpoint saves the average an
+    uninterrupted one saves, with every source of randomness on."""
+    model, data = tiny
+    common = ["--checkpoint-every", "3", "--no-eval-before", "--eval-every", "0", "--log-every", "1", "--steps", "8",
+              "--aug", "heavy", "--auto-augment", "rand-m9-mstd0.5", "--drop-path", "0.1", "--model-ema",
+              "--model-ema-decay", "0.9", "--model-ema-warmup", "--layer-decay", "0.75"]
+    assert main(finetune_args(model, data, tmp_path / "a", *common)) == 0
+    assert main(finetune_args(model, data, tmp_path / "b", *common, "--name", "b")) == 0
+    checkpoints = tmp_path / "b" / "run" / "checkpoints"
+    for path in checkpoints.iterdir():
+        if path.name != "step_00000003.pt":  # 6 steps an epoch: step 3 is mid-epoch
+            path.unlink()
+    assert main(finetune_args(model, data, tmp_path / "b", *common, "--name", "b", "--resume", "--overwrite")) == 0
+    a = load_file(str(tmp_path / "a" / "store" / "model-attn-colors-32" / "adapter_model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "store" / "b" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    live = torch.load(checkpoints / "step_00000006.pt", weights_only=True)["trainable"]
+    assert any(not torch.equal(b[name], live[name]) for name in live)  # what was saved is the average
+    assert losses(tmp_path, "a") == losses(tmp_path, "b")

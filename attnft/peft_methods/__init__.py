@@ -55,6 +55,7 @@ _HOMES = {
     "PeftReport": ".model",
     "apply_peft_policy": ".model",
     "param_groups": ".model",
+    "no_decay_names": ".model",
     "SIDECAR_FILE": ".sidecar",
     "SIDECAR_FORMAT": ".sidecar",
     "SIDECAR_VERSION": ".sidecar",
@@ -87,7 +88,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ loads them
     from ..multitask.peft_serving import PeftMultiTask  # noqa: F401
     from .files import load_peft_adapter, peft_model_card, save_peft_adapter, verify_peft_adapter  # noqa: F401
-    from .model import PeftReport, apply_peft_policy, param_groups  # noqa: F401
+    from .model import PeftReport, apply_peft_policy, no_decay_names, param_groups  # noqa: F401
     from .sidecar import SIDECAR_FILE, SIDECAR_FORMAT, SIDECAR_VERSION, PeftAdapterInfo, is_peft_adapter, read_peft_adapter  # noqa: F401
     from .spec import PEFT_METHODS, IA3Options, LoraOptions, PeftMethod, PeftPolicy, is_peft_spec  # noqa: F401
     from .targets import PeftTargets, adapted_modules, modules_to_save, select_targets  # noqa: F401

@@ -140,9 +140,13 @@ def param_groups(peft_model: PeftModel, weight_decay: float) -> list[dict]:
     timm's groups (no decay on biases and 1-D tensors), and none on IA3 scales either: they
     start at 1, decay would pull them towards 0, and peft holds them 2-D. An empty group is left out.
     """
+    return param_groups_weight_decay(peft_model, weight_decay, no_weight_decay_list=no_decay_names(peft_model))
+
+
+def no_decay_names(peft_model: PeftModel) -> list[str]:
+    """The IA3 scales, by ``named_parameters`` name: never decayed (they start at 1)."""
     scales = {id(p) for module in peft_model.modules() if isinstance(module, IA3Layer) for p in module.ia3_l.parameters()}
-    scale_names = [name for name, param in peft_model.named_parameters() if id(param) in scales]
-    return param_groups_weight_decay(peft_model, weight_decay, no_weight_decay_list=scale_names)
+    return [name for name, param in peft_model.named_parameters() if id(param) in scales]
 
 
 def _numel_by_role(tensors: dict[str, torch.Tensor], targets: PeftTargets) -> dict[Role, int]:
