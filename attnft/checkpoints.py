@@ -120,6 +120,21 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, accelera
     return state
 
 
+def resumed_position(state: dict, path: Path, total_steps: int, steps_per_epoch: Optional[int]) -> Position:
+    """Where the checkpoint ``state`` stopped, checked against this run's length (a step of 10**30 is no
+    checkpoint this run wrote): a corrupt-checkpoint ConfigError otherwise."""
+    try:
+        position = Position(**state["position"])
+        numbers = (position.step, position.epoch, position.batches_in_epoch)
+        valid = all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers)
+    except TypeError:
+        valid = False
+    if not valid or position.step > total_steps or (steps_per_epoch and position.epoch > total_steps // steps_per_epoch + 1):
+        raise _corrupt_checkpoint(path, f"its position {state.get('position')!r:.80} is not a step of this "
+                                        f"{total_steps}-step run")
+    return position
+
+
 def latest_checkpoint(directory: Path) -> Optional[Path]:
     found = _checkpoints(directory)
     return found[-1] if found else None

@@ -37,6 +37,11 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvc
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos", "random")
 # optimizers compute in float32 (max 3.4e38) with lr / (1 - beta1**step): beyond this a step overflows
 MAX_LR = 1e30
+MAX_BATCH = 1 << 16  # images per step (and micro-batches accumulated): beyond any machine's memory
+MAX_EPOCHS = 1_000_000
+MAX_STEPS = 1 << 40
+MAX_MIX_ALPHA = 100.0  # mixup / cutmix Beta(alpha, alpha): beyond a few it is a constant 0.5 mix anyway
+DISTILLATION_TAU_RANGE = (0.01, 100.0)  # exp(logits / tau) under- or overflows outside it
 MAX_SEED = 2**32 - 1  # numpy's and Accelerate's set_seed take 32 bits
 MAX_RANDOM_ERASING_COUNT = 100  # timm draws each region in a loop: beyond this, a run only stalls
 MAX_REPEATED_AUG = 64
@@ -231,16 +236,18 @@ class FinetuneConfig:
             if getattr(self, name) is TASK_DEFAULT:
                 setattr(self, name, value if demo else None)
         coerce_fields(self)  # also refuses NaN and inf in every float field
-        _require(self.batch_size >= 1, "batch_size must be at least 1")
-        _require(self.grad_accum >= 1, "grad_accum must be at least 1")
-        _require(self.epochs >= 1, "epochs must be at least 1")
-        _require(self.steps is None or self.steps >= 1, "steps must be at least 1")
+        _require(1 <= self.batch_size <= MAX_BATCH, f"batch_size must be from 1 to {MAX_BATCH:,}, got {self.batch_size}")
+        _require(1 <= self.grad_accum <= MAX_BATCH, f"grad_accum must be from 1 to {MAX_BATCH:,}, got {self.grad_accum}")
+        _require(1 <= self.epochs <= MAX_EPOCHS, f"epochs must be from 1 to {MAX_EPOCHS:,}, got {self.epochs}")
+        _require(self.steps is None or 1 <= self.steps <= MAX_STEPS, f"steps must be from 1 to {MAX_STEPS:,}")
+        _require(self.workers is None or 0 <= self.workers <= max_workers(),
+                 f"workers must be from 0 to {max_workers()} (4 per core of this machine), got {self.workers}")
         _require(self.res is None or self.res >= 1, "res must be a positive number of pixels")
         _require(self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}")
         _require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
         _require(0 < self.lr <= MAX_LR, f"lr must be positive and at most {MAX_LR:g}, got {self.lr}")
         _require(0 <= self.min_lr <= self.lr, f"min_lr must be between 0 and lr ({self.lr}), got {self.min_lr}")
-        _require(self.warmup_epochs >= 0, "warmup_epochs must not be negative")
+        _require(0 <= self.warmup_epochs <= MAX_EPOCHS, f"warmup_epochs must be from 0 to {MAX_EPOCHS:,}, got {self.warmup_epochs:g}")
         _require(self.weight_decay >= 0, "weight_decay must not be negative")
         # both optimizers scale the weights by (1 - lr * weight_decay) each step: at 1 or more they vanish or flip
         _require(self.lr * self.weight_decay < 1, f"weight_decay x lr must be below 1 (each step multiplies the "
@@ -262,7 +269,6 @@ class FinetuneConfig:
         _require(self.layer_decay is None or 0 < self.layer_decay <= 1,
                  f"layer_decay must be in (0, 1], got {self.layer_decay}")
         _require(0 < self.model_ema_decay < 1, f"model_ema_decay must be in (0, 1), got {self.model_ema_decay}")
-        _require(self.workers is None or self.workers >= 0, "workers must not be negative")
         _require(0 <= self.seed <= MAX_SEED, f"seed must be between 0 and {MAX_SEED}, got {self.seed}")
         _require(self.max_train is None or self.max_train >= 1, "max_train must be at least 1")
         _require(self.max_eval is None or self.max_eval >= 1, "max_eval must be at least 1")
@@ -361,14 +367,15 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self)  # also refuses NaN and inf in every float field
-        _require(self.batch_size >= 1, "batch_size must be at least 1")
+        _require(1 <= self.batch_size <= MAX_BATCH, f"batch_size must be from 1 to {MAX_BATCH:,}, got {self.batch_size}")
         _require(self.res is None or self.res >= 1, "res must be a positive number of pixels")
         _require(self.crop_pct is None or MIN_CROP_PCT <= self.crop_pct <= 1,
                  f"crop_pct must be in [{MIN_CROP_PCT}, 1], got {self.crop_pct}")
         _require(self.max_eval is None or self.max_eval >= 1, "max_eval must be at least 1")
         _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
         _require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
-        _require(self.workers >= 0, "workers must not be negative")
+        _require(0 <= self.workers <= max_workers(),
+                 f"workers must be from 0 to {max_workers()} (4 per core of this machine), got {self.workers}")
         for path_field in ("model", "adapter", "dataset", "data_dir", "checkpoint", "store", "output"):
             value = getattr(self, path_field)
             _require(value is None or value.strip() != "", f"{path_field} must not be empty")
@@ -388,7 +395,8 @@ def _check_distillation(cfg: FinetuneConfig) -> None:
     _require(cfg.distillation == "none" or has_teacher,
              f"distillation {cfg.distillation} needs a teacher: pass --teacher or --teacher-adapter")
     _require(0 <= cfg.distillation_alpha <= 1, f"distillation_alpha must be in [0, 1], got {cfg.distillation_alpha}")
-    _require(0 < cfg.distillation_tau < math.inf, f"distillation_tau must be positive, got {cfg.distillation_tau}")
+    low, high = DISTILLATION_TAU_RANGE
+    _require(low <= cfg.distillation_tau <= high, f"distillation_tau must be from {low:g} to {high:g}, got {cfg.distillation_tau:g}")
 
 
 def _check_augmentation(cfg: FinetuneConfig) -> None:
@@ -398,7 +406,7 @@ def _check_augmentation(cfg: FinetuneConfig) -> None:
         _require(value is None or 0 <= value <= 1, f"{name} must be a probability in [0, 1], got {value}")
     for name in ("mixup", "cutmix"):
         value = getattr(cfg, name)
-        _require(value is None or 0 <= value < math.inf, f"{name} must be a finite number >= 0, got {value}")
+        _require(value is None or 0 <= value <= MAX_MIX_ALPHA, f"{name} must be from 0 to {MAX_MIX_ALPHA:g}, got {value}")
     # torchvision draws brightness, contrast and saturation factors from [max(0, 1 - x), 1 + x]
     _require(cfg.color_jitter is None or 0 <= cfg.color_jitter <= MAX_COLOR_JITTER,
              f"color_jitter must be between 0 and {MAX_COLOR_JITTER}, got {cfg.color_jitter}")
@@ -416,6 +424,13 @@ def _check_augmentation(cfg: FinetuneConfig) -> None:
              f"crop_pct must be in [{MIN_CROP_PCT}, 1], got {cfg.crop_pct}")
     _require(cfg.remode is None or cfg.remode in ("const", "rand", "pixel"),
              f"remode must be const, rand or pixel, got {cfg.remode!r}")
+
+
+def max_workers() -> int:
+    """The most data loader workers a run may start: 4 per core (a million would hang starting them)."""
+    import os
+
+    return 4 * (os.cpu_count() or 1)
 
 
 def _require(condition: bool, message: str) -> None:

@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .augmentation import describe_aug
-from .checkpoints import Position, find_resume_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoints import Position, find_resume_checkpoint, load_checkpoint, resumed_position, save_checkpoint
 from .config import FinetuneConfig
 from .divergence import LossWindow, diverged, stop_if_diverged, stop_if_weights_broken
 from .errors import ConfigError, DataError
@@ -188,6 +188,9 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     scored = ema.module if ema is not None else model  # what is evaluated and saved
 
+    if not task.streaming and len(train_loader) < cfg.grad_accum:  # one step an epoch, of fewer images than asked
+        raise ConfigError(f"--grad-accum {cfg.grad_accum} accumulates more batches than an epoch has "
+                          f"({len(train_loader)} of {cfg.batch_size}): lower it or --batch-size")
     steps_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum) if not task.streaming else None
     total_steps = cfg.steps or cfg.epochs * steps_per_epoch
     warmup_steps = round(cfg.warmup_epochs * (steps_per_epoch or total_steps))
@@ -195,7 +198,7 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
     position, accuracy_before, saved = Position(), None, None
     if checkpoint is not None:
         saved = load_checkpoint(checkpoint, accelerator.unwrap_model(model), optimizer, scheduler, accelerator, ema)
-        position, accuracy_before = Position(**saved["position"]), saved["accuracy_before"]
+        position, accuracy_before = resumed_position(saved, checkpoint, total_steps, steps_per_epoch), saved["accuracy_before"]
 
     # --- 4. the run owns its output dir from here (a lock file, removed however the run ends)
     with RunLock(output_dir, accelerator):

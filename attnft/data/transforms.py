@@ -54,6 +54,21 @@ def _patch_timm_posterize() -> None:
 _patch_timm_posterize()
 
 
+# (policy, section) -> the largest value: magnitudes beyond 10 are clipped by timm without a word, op
+# counts beyond a few make each step crawl (rand-m9-n100000 never finished one)
+_MAGNITUDE = (10, "timm's magnitudes end at 10: more is clipped")
+_OPS = (16, "ops per image: more and a step crawls")
+_AUG_BOUNDS = {("rand", "m"): _MAGNITUDE, ("rand", "mmax"): _MAGNITUDE, ("rand", "n"): _OPS,
+               ("augmix", "m"): _MAGNITUDE, ("augmix", "w"): _OPS, ("augmix", "d"): _OPS}
+
+
+def _within(number: str, bound: float) -> bool:
+    try:
+        return 0 <= float(number) <= bound
+    except ValueError:
+        return False
+
+
 def check_auto_augment(policy: str | None) -> None:
     """ConfigError unless timm reads all of the auto-augment ``policy`` (``rand-m9-mstd0.5``, ``augmix-m5``,
     ``v0``, ...). timm's parsers skip a section without a number, so ``rand-zzz`` would silently be
@@ -65,6 +80,11 @@ def check_auto_augment(policy: str | None) -> None:
         if not re.search(r"\d", section) and not (name == "rand" and section.startswith("t") and len(section) > 1):
             raise ConfigError(f"cannot read auto_augment {policy!r}: section {section!r} is not KEY+NUMBER "
                               "(e.g. rand-m9-mstd0.5-inc1, augmix-m5-w4, v0)")
+    for section in sections:
+        key, number = re.match(r"([a-z]*)(.*)", section).groups()
+        bound, why = _AUG_BOUNDS.get((name, key), (None, ""))
+        if bound is not None and not _within(number, bound):
+            raise ConfigError(f"auto_augment {policy[:60]!r}: {key} must be from 0 to {bound} ({why})")
     hparams = dict(translate_const=100, img_mean=(124, 116, 104))
     try:
         if name == "rand":

@@ -1,0 +1,67 @@
+"""Values that hung, exhausted memory, overflowed or were accepted silently are refused in one
+line with exit code 2, nothing written (issue: robustness, round two)."""
+import os
+
+import pytest
+import torch
+
+from attnft.checkpoints import latest_checkpoint
+from attnft.cli import main
+from test_runner import finetune_args, tiny  # noqa: F401  (the fixture)
+
+
+def assert_refused(capsys, argv, *words, tmp_path=None):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnft: error:"), captured.err
+    for word in words:
+        assert word in lines[0], lines[0]
+    if tmp_path is not None:
+        assert not (tmp_path / "run").exists() and not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--workers", "1000000"], ["workers must be from 0 to", "per core"]),
+    (["--auto-augment", "rand-m9-n100000"], ["n must be from 0 to 16"]),
+    (["--auto-augment", "rand-m9999"], ["m must be from 0 to 10"]),
+    (["--warmup-epochs", "1e308"], ["warmup_epochs must be from 0 to"]),
+    (["--grad-accum", "100000000000000000000"], ["grad_accum must be from 1 to"]),
+    (["--batch-size", "100000000000000000000"], ["batch_size must be from 1 to"]),
+    (["--mixup", "1e308"], ["mixup must be from 0 to 100"]),
+    (["--teacher", "vit_fmnist_patch4_28", "--distillation", "soft", "--distillation-tau", "1e308"], ["distillation_tau"]),
+    (["--teacher", "vit_fmnist_patch4_28", "--distillation", "soft", "--distillation-tau", "1e-300"], ["distillation_tau"]),
+])
+def test_finetune_refuses_at_parse_time(tmp_path, capsys, flags, words):
+    argv = ["finetune", "--model", "vit_fmnist_patch4_28", "--max-train", "64", "--max-eval", "64", "--epochs", "1",
+            "--store", str(tmp_path / "store"), "--output-dir", str(tmp_path / "run"), "--no-progress", *flags]
+    assert_refused(capsys, argv, *words, tmp_path=tmp_path)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--workers", "1000000"], ["workers must be from 0 to"]),
+    (["--batch-size", "100000000000000000000"], ["batch_size must be from 1 to"]),
+])
+def test_eval_refuses_at_parse_time(capsys, flags, words):
+    assert_refused(capsys, ["eval", "--model", "vit_fmnist_patch4_28", *flags], *words)
+
+
+def test_more_accumulation_than_an_epoch_has_batches_is_refused_before_training(tiny, tmp_path, capsys):  # noqa: F811
+    model, data = tiny  # 48 training images: 6 batches of 8
+    assert_refused(capsys, finetune_args(model, data, tmp_path, "--grad-accum", "7"),
+                   "--grad-accum 7 accumulates more batches than an epoch has (6 of 8)")
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_checkpoint_whose_step_is_beyond_the_run_is_refused(tiny, tmp_path, capsys):  # noqa: F811
+    model, data = tiny
+    argv = finetune_args(model, data, tmp_path, "--steps", "4", "--checkpoint-every", "2", "--no-eval-before",
+                         "--eval-every", "0")
+    assert main(argv) == 0
+    path = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    state = torch.load(path, weights_only=True)
+    state["position"]["step"] = 10**30
+    torch.save(state, path)
+    capsys.readouterr()
+    assert_refused(capsys, argv + ["--resume", "--overwrite"], "is not a step of this 4-step run")
+    assert os.path.exists(path)
