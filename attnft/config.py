@@ -30,6 +30,9 @@ PRECISIONS = ("no", "bf16", "fp16")
 # bundled sample's size). These apply where neither the recipe nor the command line sets the field
 # (FinetuneConfig() and FinetuneConfig.from_dict({}) alike).
 DEFAULT_TASK_SETTINGS = {"max_train": 5000, "max_eval": 1000}
+# above the bundled default's 224 px the demo trains on fewer images: at 384 px a 24x24 grid (576
+# tokens) costs 3x the 14x14 one a step, and the headline command should end in about 4 minutes on 2 cores
+DEMO_HIGH_RES_MAX_TRAIN = (224, 3000)  # (above this many pixels, this many training images)
 DEFAULT_DATASET_MAX_EVAL = DEFAULT_TASK_SETTINGS["max_eval"]  # attnft eval scores the same subset
 TRACKERS = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive")
 # timm's resize interpolations (timm.data.transforms.str_to_interp_mode) plus its "random" mix of
@@ -132,7 +135,8 @@ class FinetuneConfig:
     drop_path: float = _opt(0.0, "stochastic depth rate", group=MODEL)
     # --- data
     dataset: Optional[str] = _opt(None, "preset, hub id (owner/name) or local folder; default: the Fashion-MNIST "
-                                  f"demo ({_as_flags(DEFAULT_TASK_SETTINGS)} unless given)", metavar="NAME|DIR",
+                                  f"demo ({_as_flags(DEFAULT_TASK_SETTINGS)} unless given; --max-train "
+                                  f"{DEMO_HIGH_RES_MAX_TRAIN[1]} above {DEMO_HIGH_RES_MAX_TRAIN[0]} px)", metavar="NAME|DIR",
                                   group=DATA)
     data_dir: Optional[str] = _opt(None, "where a preset's files are (a local copy of the data)", metavar="DIR",
                                    group=DATA)
@@ -232,10 +236,13 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         demo = self.dataset is None and self.data_dir is None
+        demo_train = demo and self.max_train is TASK_DEFAULT
         for name, value in DEFAULT_TASK_SETTINGS.items():
             if getattr(self, name) is TASK_DEFAULT:
                 setattr(self, name, value if demo else None)
         coerce_fields(self)  # also refuses NaN and inf in every float field
+        if demo_train and self.res is not None and self.res > DEMO_HIGH_RES_MAX_TRAIN[0]:
+            self.max_train = DEMO_HIGH_RES_MAX_TRAIN[1]
         _require(1 <= self.batch_size <= MAX_BATCH, f"batch_size must be from 1 to {MAX_BATCH:,}, got {self.batch_size}")
         _require(1 <= self.grad_accum <= MAX_BATCH, f"grad_accum must be from 1 to {MAX_BATCH:,}, got {self.grad_accum}")
         _require(1 <= self.epochs <= MAX_EPOCHS, f"epochs must be from 1 to {MAX_EPOCHS:,}, got {self.epochs}")

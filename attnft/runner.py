@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader
 
 from .augmentation import describe_aug
 from .checkpoints import Position, find_resume_checkpoint, load_checkpoint, resumed_position, save_checkpoint
-from .config import FinetuneConfig
+from .config import DEMO_HIGH_RES_MAX_TRAIN, FinetuneConfig
 from .divergence import LossWindow, diverged, stop_if_diverged, stop_if_weights_broken
 from .errors import ConfigError, DataError
 from .evaluate import evaluate, strict_json
@@ -216,7 +216,7 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
 
         say(report.format_table())
         say(f"\ndata: {task.source}: {_count(task.train)} train / {_count(task.eval)} eval images, "
-            f"{task.num_classes} classes")
+            f"{task.num_classes} classes" + _demo_note(cfg, res))
         if task.held_out:
             say(f"eval split: {task.held_out}")
         say(f"head: {_head_text(new_head, fits, cfg.new_head)}")
@@ -369,6 +369,15 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
 
 
 # --- the schedule ----------------------------------------------------------------------------
+
+
+def _demo_note(cfg: FinetuneConfig, res: int) -> str:
+    """Why the demo trains on fewer images above 224 px (:data:`attnft.config.DEMO_HIGH_RES_MAX_TRAIN`)."""
+    above, images = DEMO_HIGH_RES_MAX_TRAIN
+    if cfg.dataset is not None or cfg.data_dir is not None or res <= above or cfg.max_train != images:
+        return ""
+    return (f" (the demo's {images:,} training images above {above} px: a step costs ~3x at {res} px; "
+            "--max-train 5000 for the 224 px demo's count)")
 
 
 def warmup_cosine_schedule(optimizer, warmup_steps: int, total_steps: int, min_ratio: float):

@@ -159,3 +159,13 @@ def test_recipes_cover_resolution_and_transfer_settings_of_the_paper():
             assert f"vit_{size}_224_to_384_{policy}.yaml" in names
     for task in ("cifar10", "cifar100", "cars", "flowers102", "inat2018", "inat2019"):
         assert any(name.startswith(f"transfer_{task}_") for name in names), task
+
+
+def test_the_demo_trains_on_fewer_images_above_224_px_unless_told():
+    from attnft.config import DEMO_HIGH_RES_MAX_TRAIN
+
+    above, images = DEMO_HIGH_RES_MAX_TRAIN
+    assert FinetuneConfig().max_train == 5000 and FinetuneConfig(res=above).max_train == 5000
+    assert FinetuneConfig(res=384).max_train == images == 3000
+    assert FinetuneConfig(res=384, max_train=5000).max_train == 5000  # an explicit count wins
+    assert FinetuneConfig(res=384, dataset="folder").max_train is None  # a user's data: all of it
