@@ -1,6 +1,7 @@
 """An image folder's index: the same images, labels, class names and held-out split as datasets' imagefolder gave
 before attnft read folders itself; cached by the folder's listing, never stale, never written into the folder."""
 import hashlib
+import logging
 import os
 
 import datasets
@@ -8,7 +9,7 @@ import huggingface_hub
 import pytest
 from PIL import Image
 
-from attnft.data import load_task
+from attnft.data import folder_cache, load_task
 
 
 @pytest.fixture(autouse=True)
@@ -82,3 +83,136 @@ def test_a_folder_of_class_folders_holds_out_the_same_images_as_before(tmp_path)
                                                   ("ant/img 25.png", 1), ("Zebra/005.jpeg", 0)]
     assert relative(rows(subset.eval), root) == [("ant/img 37.png", 1), ("Zebra/img 25.png", 0),
                                                  ("Zebra/img 13.png", 0)]
+
+
+# ---- the same as datasets' imagefolder, on the layouts it reads -----------------------------------
+
+def png(path, color=(0, 0, 0)):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    Image.new("RGB", (2, 2), color).save(path, format="PNG")
+
+
+LAYOUTS = {
+    "split folders named otherwise": ["training/a/1.png", "training/b/2.png", "dev/a/3.png", "dev/b/4.png",
+                                      "testing/a/5.png", "testing/b/6.png"],
+    "splits nested under a folder": ["data/train/a/1.png", "data/train/b/2.PNG", "data/val/a/3.png",
+                                     "data/val/b/4.png", "data/val/b/notes.txt", "data/README.md"],
+    "split in the file names": ["a/train_1.png", "a/train_2.png", "b/train-1.png", "a/test 1.png", "b/test.3.png"],
+    "a class named like a split": ["train/test_tube/1.png", "train/bird/2.png", "val/test_tube/3.png",
+                                   "val/bird/4.png", "train/bird/x.png.bak"],
+    "class folders, a symlink among them": ["a/1.png", "a/2.jpg", "b/3.png", "b/4.png", "b/.5.png"],
+    "hidden and special folders": ["train/a/1.png", "train/b/2.png", "train/.cache/a/3.png",
+                                   "train/__pycache__/4.png", "val/a/.5.png", "val/a/6.png", "val/b/7.png"],
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_folder_is_read_as_datasets_imagefolder_reads_it(tmp_path, layout):
+    from attnft.data import sources
+
+    for i, path in enumerate(LAYOUTS[layout]):
+        png(os.path.join(tmp_path, "d", path), (i, 0, 0))
+    first = os.path.join(tmp_path, "d", LAYOUTS[layout][0])
+    os.symlink(first, os.path.join(os.path.dirname(first), "linked.png"))  # read like a file
+    root = str(tmp_path / "d")
+
+    def read(load):
+        loaded = load(root, None, "+".join(splits[1:]) or None, False)
+        rows = [[(row["image"]["path"], row["label"]) for row in split.cast_column("image", datasets.Image(decode=False))]
+                for split in (loaded.train, loaded.eval) if split is not None]
+        return loaded.train_split, loaded.eval_split, loaded.train.features["label"].names, rows
+
+    splits = list(sources.folders.split_files(sources.folders.list_folder(root)))
+    assert read(sources._load_image_folder) == read(sources._load_image_folder_with_datasets)
+
+
+# ---- the cache ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch, caplog):
+    """attnft's cache in tmp_path; yields a function: "cache" if the last load read the index from it, "index" if
+    it indexed the folder."""
+    monkeypatch.setenv(folder_cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    caplog.set_level(logging.INFO, logger=folder_cache.__name__)
+
+    def last_load():
+        said = [r.getMessage() for r in caplog.records if r.name == folder_cache.__name__]
+        caplog.clear()
+        return "cache" if said and "read from the cache" in said[-1] else "index" if said else None
+    return last_load
+
+
+def test_a_second_run_reads_the_index_from_the_cache_and_gets_the_same_splits(tmp_path, cache):
+    root = write_folder(tmp_path / "flat", splits=("",), per_class=8)
+    first = load_task(root, max_train=10)
+    entry = folder_cache.entry_path(os.path.realpath(root))
+    written = os.stat(entry)
+    assert cache() == "index" and not str(entry).startswith(root)
+    second = load_task(root, max_train=10)
+    assert cache() == "cache"
+    assert (os.stat(entry).st_ino, os.stat(entry).st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+    assert (rows(second.train), rows(second.eval), second.label_names) == (
+        rows(first.train), rows(first.eval), first.label_names)
+
+
+@pytest.mark.parametrize("change", ["add", "remove", "touch", "rename"])
+def test_a_changed_folder_is_indexed_again(tmp_path, cache, change):
+    root = write_folder(tmp_path / "pets", per_class=8)
+    before = relative(rows(load_task(root).train), root)
+    assert cache() == "index"
+    image = os.path.join(root, "train", "ant", "img 1.png")
+    if change == "add":
+        Image.new("RGB", (4, 4)).save(os.path.join(root, "train", "ant", "new.png"))
+    elif change == "remove":
+        os.remove(image)
+    elif change == "touch":
+        os.utime(image, ns=(os.stat(image).st_atime_ns, os.stat(image).st_mtime_ns + 1))
+    else:
+        os.rename(image, os.path.join(root, "train", "ant", "img 1b.png"))
+    after = relative(rows(load_task(root).train), root)
+    assert cache() == "index"
+    expected = {"add": 1, "remove": -1, "touch": 0, "rename": 0}[change]
+    assert len(after) == len(before) + expected
+    assert (("train/ant/new.png", 1) in after) == (change == "add")
+    assert (("train/ant/img 1.png", 1) in after) == (change in ("add", "touch"))
+    load_task(root)
+    assert cache() == "cache"
+
+
+def test_another_split_request_is_indexed_apart(tmp_path, cache):
+    root = write_folder(tmp_path / "pets", splits=("train", "val", "test"), per_class=8)
+    assert load_task(root).eval.source.endswith("[validation]") and cache() == "index"
+    assert load_task(root, eval_split="test").eval.source.endswith("[test]") and cache() == "index"
+
+
+def test_a_read_only_folder_is_indexed_and_nothing_is_written_into_it(tmp_path, cache):
+    root = write_folder(tmp_path / "pets", per_class=8)
+
+    def snapshot():
+        return sorted((path, os.lstat(os.path.join(path, name)).st_mtime_ns)
+                      for path, folders, files in os.walk(root) for name in folders + files)
+    before = snapshot()
+    modes = {path: os.stat(path).st_mode for path, _, _ in os.walk(root)}
+    for path in modes:
+        os.chmod(path, 0o555)
+    try:
+        for _ in range(2):
+            task = load_task(root, max_train=4)
+            assert len(task.train) == 4 and task.train[0][0].mode == "RGB"
+    finally:
+        for path, mode in modes.items():
+            os.chmod(path, mode)
+    assert snapshot() == before
+
+
+def test_a_cache_that_cannot_be_written_or_read_is_passed_by(tmp_path, cache, monkeypatch):
+    root = write_folder(tmp_path / "pets", per_class=8)
+    (tmp_path / "a-file").write_text("the cache would go under a file")
+    monkeypatch.setenv(folder_cache.CACHE_DIR_ENV, str(tmp_path / "a-file" / "cache"))
+    assert len(load_task(root).train) == 24 and cache() is None  # not cached, and no error
+    monkeypatch.setenv(folder_cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    load_task(root)
+    entry = folder_cache.entry_path(os.path.realpath(root))
+    entry.write_bytes(entry.read_bytes()[:100])  # torn
+    assert len(load_task(root).train) == 24 and cache() == "index"
+    assert load_task(root).label_names == list(CLASSES) and cache() == "cache"
