@@ -9,7 +9,9 @@ For each size it measures, in one run:
   ``--repeats``, in this process;
 - start-up: the wall time of ``attnft finetune --dataset DIR --model vit_fmnist_patch4_28 --max-train 128
   --max-eval 128 --epochs 1 --workers 0`` in a new process, with an empty cache (first) and again (second);
-- the same tiny run at 40,000 images against 1,000 (the ratio should stay within 1.5x);
+- the same tiny run at 40,000 images against 1,000 (the ratio should stay within 1.5x); with ``--baseline DIR``
+  also with the attnft of another checkout (``git archive main | tar -x -C DIR``: the figures before);
+- ``load_task("inat2018")`` on a synthetic json of ``--inat`` images over 8,142 classes, mapped and streamed;
 - with ``--throughput N``: one epoch of full fine-tuning on an N-image folder, ``attnft finetune`` against a
   plain timm loop (``ImageFolder`` + ``timm.data.create_transform`` + ``DataLoader``, the same workers, model,
   batch and AdamW), steady-state images/s over windows of 25 steps after the first.
@@ -73,6 +75,45 @@ def make_folder(out_dir: Path, size: int, layout: str) -> Path:
     return root
 
 
+def make_inat_json(out_dir: Path, size: int, classes: int = 8142) -> Path:
+    """iNaturalist 2018's layout: ``train2018.json`` (``size`` images) and ``val2018.json`` (a tenth) over
+    ``classes`` categories, the images hard links under ``train_val2018/Plantae/<category>/``, written once."""
+    root = out_dir / f"inat-{size}"
+    if (root.parent / f".{root.name}.complete").exists():
+        return root
+    originals, _ = _originals(out_dir)
+    categories = [{"id": 1000 + c, "name": f"species {c}", "supercategory": "Plantae"} for c in range(classes)]
+    image_id = 0
+    for split, count in (("train2018", size), ("val2018", size // 10)):
+        images, annotations = [], []
+        for i in range(count):
+            category = 1000 + i % classes
+            file_name = f"train_val2018/Plantae/{category}/{split}-{i}.png"
+            (root / file_name).parent.mkdir(parents=True, exist_ok=True)
+            if not (root / file_name).exists():
+                os.link(originals / f"{i % UNIQUE_IMAGES}.png", root / file_name)
+            images.append({"id": image_id, "file_name": file_name, "width": 28, "height": 28})
+            annotations.append({"id": image_id, "image_id": image_id, "category_id": category})
+            image_id += 1
+        (root / f"{split}.json").write_text(json.dumps({"images": images, "annotations": annotations,
+                                                         "categories": categories}))
+    (root.parent / f".{root.name}.complete").touch()
+    return root
+
+
+def time_inat(root: Path) -> dict:
+    """Seconds from ``load_task("inat2018", data_dir=root)`` to the first training sample, mapped and streamed."""
+    from attnft.data import load_task
+
+    found = {}
+    for streaming in (False, True):
+        start = time.perf_counter()
+        task = load_task("inat2018", data_dir=str(root), streaming=streaming, max_train=128, max_eval=128)
+        next(iter(task.train))
+        found["streamed_s" if streaming else "mapped_s"] = time.perf_counter() - start
+    return {"classes": task.num_classes, **found}
+
+
 # --- indexing --------------------------------------------------------------------------------------
 
 def time_index(folder: Path, repeats: int) -> dict:
@@ -102,12 +143,15 @@ def time_index(folder: Path, repeats: int) -> dict:
 
 # --- start-up of a tiny run ------------------------------------------------------------------------
 
-def tiny_run(folder: Path, cache: Path, work: Path) -> float:
-    """Wall seconds of a tiny ``attnft finetune`` on ``folder`` in a new process, the index cached in ``cache``."""
+def tiny_run(folder: Path, cache: Path, work: Path, attnft_from: Path | None = None) -> float:
+    """Wall seconds of a tiny ``attnft finetune`` on ``folder`` in a new process, the index cached in ``cache``;
+    with ``attnft_from``, the attnft of that checkout (its datasets cache in the run's folder)."""
     run = Path(tempfile.mkdtemp(dir=work))
     command = [sys.executable, "-m", "attnft", "finetune", "--dataset", str(folder), *TINY,
                "--store", str(run / "store"), "--output-dir", str(run / "run"), "--no-progress"]
     env = {**os.environ, "ATTNFT_CACHE_DIR": str(cache)}
+    if attnft_from is not None:
+        env.update(PYTHONPATH=str(attnft_from), HF_DATASETS_CACHE=str(run / "hf"), PYTHONDONTWRITEBYTECODE="1")
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=run)
     seconds = time.perf_counter() - start
@@ -186,10 +230,17 @@ def render(results: dict) -> str:
     lines += ["", "| images | tiny run, first (empty cache) | second (cached index) |", "|---:|---:|---:|"]
     for row in results["startup"]:
         lines.append(f"| {row['size']:,} | {row['first_s']:.1f} s | {row['second_s']:.1f} s |")
+    for row in results.get("baseline", []):
+        lines.append(f"| {row['size']:,} (before, `--baseline`) | {row['first_s']:.1f} s | |")
     ratio = results.get("ratio")
     if ratio:
         lines += ["", f"tiny run at {ratio['large']:,} against {ratio['small']:,} images: first "
                   f"{ratio['first']:.2f}x, second {ratio['second']:.2f}x (at most 1.5x)"]
+    inat = results.get("inat")
+    if inat:
+        lines += ["", f"iNaturalist 2018 json, {inat['images']:,} training images, {inat['classes']:,} classes: "
+                  f"first training sample {inat['mapped_s']:.1f} s after `load_task` (mapped), "
+                  f"{inat['streamed_s']:.1f} s (streamed)"]
     speed = results.get("throughput")
     if speed:
         lines += ["", f"one epoch of full fine-tuning on {speed['images']:,} images, {speed['workers']} worker(s), "
@@ -214,8 +265,17 @@ def measure(args, work: Path) -> dict:
         results["startup"].append(row)
     if len(args.ratio_sizes) == 2:
         small, large = (next(r for r in results["startup"] if r["size"] == s) for s in sorted(args.ratio_sizes))
-        results["ratio"] = {"small": small["size"], "large": large["size"], "first": large["first_s"] / small["first_s"],
+        results["ratio"] = {"small": small["size"], "large": large["size"],
+                            "first": large["first_s"] / small["first_s"],
                             "second": large["second_s"] / small["second_s"]}
+    if args.baseline:
+        results["baseline"] = [{"size": size, "first_s": tiny_run(make_folder(args.out_dir, size, "split"),
+                                                                   Path(tempfile.mkdtemp(dir=work)), work,
+                                                                   args.baseline)} for size in args.ratio_sizes]
+        print(json.dumps(results["baseline"]), flush=True)
+    if args.inat:
+        results["inat"] = {"images": args.inat, **time_inat(make_inat_json(args.out_dir, args.inat))}
+        print(json.dumps(results["inat"]), flush=True)
     if args.throughput:
         from attnft.speed import default_workers
 
@@ -237,6 +297,9 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", type=int, default=[10_000, 100_000])
     parser.add_argument("--layouts", nargs="+", default=["split", "flat"], choices=["split", "flat"])
     parser.add_argument("--ratio-sizes", nargs="*", type=int, default=[1_000, 40_000])
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="also time the tiny runs (first, ratio sizes) with the attnft of this checkout")
+    parser.add_argument("--inat", type=int, default=100_000, help="images of the iNaturalist json; 0: skip")
     parser.add_argument("--throughput", type=int, default=8_000, help="images of the throughput folder; 0: skip")
     parser.add_argument("--workers", type=int, default=None, help="loader workers of both loops (attnft's default)")
     parser.add_argument("--repeats", type=int, default=2)

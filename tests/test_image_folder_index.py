@@ -48,6 +48,10 @@ def rows(split) -> list[tuple[str, int]]:
     return found
 
 
+def all_samples(split):
+    return [split[i] for i in range(len(split))]
+
+
 def relative(pairs, root) -> list[tuple[str, int]]:
     return [(os.path.relpath(path, root), label) for path, label in pairs]
 
@@ -118,19 +122,35 @@ def test_a_folder_is_read_as_datasets_imagefolder_reads_it(tmp_path, layout):
 
     def read(load):
         loaded = load(root, None, "+".join(splits[1:]) or None, False)
-        rows = [[(row["image"]["path"], row["label"]) for row in split.cast_column("image", datasets.Image(decode=False))]
-                for split in (loaded.train, loaded.eval) if split is not None]
+        undecoded = [split.cast_column("image", datasets.Image(decode=False))
+                     for split in (loaded.train, loaded.eval) if split is not None]
+        rows = [[(row["image"]["path"], row["label"]) for row in split] for split in undecoded]
         return loaded.train_split, loaded.eval_split, loaded.train.features["label"].names, rows
 
     splits = list(sources.folders.split_files(sources.folders.list_folder(root)))
     assert read(sources._load_image_folder) == read(sources._load_image_folder_with_datasets)
 
 
+def test_a_folder_with_a_metadata_file_is_left_to_datasets_and_keeps_its_labels(tmp_path):
+    from attnft.data import sources
+
+    for split in ("train", "test"):
+        lines = ["file_name,label"]
+        for i in range(4):
+            png(os.path.join(tmp_path, "m", split, f"{i}.png"), (i * 50, 0, 0))
+            lines.append(f"{i}.png,{('dog', 'cat')[i % 2]}")
+        (tmp_path / "m" / split / "metadata.csv").write_text("\n".join(lines) + "\n")
+    loaded = sources._load_image_folder(str(tmp_path / "m"), None, None, False)
+    assert loaded.data_files is not None  # read by datasets' imagefolder, which reads metadata files
+    task = load_task(str(tmp_path / "m"))
+    assert task.label_names == ["cat", "dog"] and [label for _, label in all_samples(task.eval)] == [1, 0, 1, 0]
+
+
 # ---- the cache ----------------------------------------------------------------------------------
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch, caplog):
-    """attnft's cache in tmp_path; yields a function: "cache" if the last load read the index from it, "index" if
+    """attnft's cache in tmp_path; returns a function: "cache" if the last load read the index from it, "index" if
     it indexed the folder."""
     monkeypatch.setenv(folder_cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
     caplog.set_level(logging.INFO, logger=folder_cache.__name__)

@@ -39,13 +39,14 @@ _MAGIC = re.compile(r"\[[^\]]*\]|[*?]")
 class Listing:
     """The files under an image folder that ``datasets`` would see, from one walk.
 
-    ``root``: the folder's real path (POSIX). ``paths``: file paths relative to it, in the order of the walk.
-    ``key``: sha256 of every path with its size and mtime (ns), in that order: an added, removed, renamed or
-    changed file moves it (a folder the file system lists in another order only costs one re-index).
+    ``root``: the folder's real path (POSIX). ``folders``: each folder's path relative to it ("" for the root, else
+    ending in "/") -> its files' names, in the order of the walk. ``key``: sha256 of every path with its size and
+    mtime (ns), in that order: an added, removed, renamed or changed file moves it (a folder the file system lists
+    in another order only costs one re-index).
     """
 
     root: str
-    paths: tuple[str, ...]
+    folders: dict[str, list[str]]
     key: str
 
 
@@ -65,14 +66,15 @@ def list_folder(directory: str) -> Listing:
     cannot be read."""
     root = Path(directory).expanduser().resolve().as_posix()
     digest = hashlib.sha256(root.encode(errors="surrogateescape"))
-    paths, pending = [], [""]
+    folders, pending = {}, [""]
     while pending:
         folder = pending.pop()
         names, stats = _list_one(root, folder, directory, pending)
         digest.update("\0".join([f"\0{folder}", *names]).encode(errors="surrogateescape"))
         digest.update(array("q", stats).tobytes())
-        paths.extend([folder + name for name in names] if folder else names)
-    return Listing(root, tuple(paths), digest.hexdigest())
+        if names:
+            folders[folder] = names
+    return Listing(root, folders, digest.hexdigest())
 
 
 def _list_one(root: str, folder: str, directory: str, pending: list[str]) -> tuple[list[str], list[int]]:
@@ -117,12 +119,11 @@ def _check_utf8(path: str, directory: str) -> None:
 class _Matcher:
     """``datasets.data_files.resolve_pattern`` over a listing: a pattern's files, sorted, or [] if none."""
 
-    def __init__(self, paths: list[str]):  # sorted
-        self.paths = paths
-        self.by_folder: dict[str, list[str]] = {}
-        for path in paths:
-            self.by_folder.setdefault(path.rpartition("/")[0], []).append(path)
-        self._all = "\n".join(paths)  # one scan tells whether any path holds a pattern's literal part
+    def __init__(self, listing: Listing):
+        self.by_folder = {folder.rstrip("/"): sorted(folder + name for name in names)
+                          for folder, names in listing.folders.items()}
+        self._all = "\n".join(path for paths in self.by_folder.values() for path in paths)
+        self._sorted: list[str] | None = None
         self._resolved: dict[str, list[str]] = {}
 
     def resolve(self, pattern: str) -> list[str]:
@@ -136,16 +137,22 @@ class _Matcher:
                     found.sort()
             else:
                 literal = max((part.strip("/") for part in _MAGIC.split(pattern)), key=len)
-                found = [p for p in self.paths if literal in p and matches(p)] if literal in self._all else []
+                # one scan of every path tells whether any holds the pattern's literal part
+                found = [p for p in self._paths() if literal in p and matches(p)] if literal in self._all else []
             self._resolved[pattern] = found
         return self._resolved[pattern]
+
+    def _paths(self) -> list[str]:
+        if self._sorted is None:
+            self._sorted = sorted(path for paths in self.by_folder.values() for path in paths)
+        return self._sorted
 
 
 def split_files(listing: Listing) -> dict[str, list[str]] | None:
     """Split name -> its files (relative paths, in datasets' order) as ``datasets.data_files.get_data_patterns`` and
     ``DataFilesList.from_patterns`` find them; a file matching several patterns is listed once per pattern, as
     there. None for a sharded layout (``data/<split>-00000-of-00001.*``), which is left to datasets."""
-    matcher = _Matcher(sorted(listing.paths))
+    matcher = _Matcher(listing)
     if any(matcher.resolve(pattern.replace("{split}", "*")) for pattern in ALL_SPLIT_PATTERNS):
         return None
     for patterns_of_split in ALL_DEFAULT_PATTERNS:  # the first kind of layout that finds files wins
@@ -159,34 +166,49 @@ def split_files(listing: Listing) -> dict[str, list[str]] | None:
 
 # ---- classes and rows ---------------------------------------------------------------------------
 
-def _extensions(path: str) -> tuple[str, str]:
-    """(last extension, the one before it), lower case: imagefolder reads ``a.png`` and ``a.png.gz`` as images."""
-    stem, last = os.path.splitext(path)
-    return last.lower(), os.path.splitext(stem)[1].lower()
+def _extension(name: str) -> str:
+    """``os.path.splitext(name)[1].lower()`` for a name that does not start with a dot (hidden ones are skipped)."""
+    dot = name.rfind(".")
+    return name[dot:].lower() if dot > 0 else ""
 
 
 def needs_datasets(files: list[str]) -> bool:
     """Whether imagefolder would read these files other than as plain images: metadata files or zip archives."""
-    return any(path.rpartition("/")[2] in _METADATA_NAMES or path.lower().endswith(".zip") for path in files)
+    lines = "\n" + "\n".join(files) + "\n"
+    return ".zip\n" in lines.lower() or any(f"{sep}{name}\n" in lines for name in _METADATA_NAMES for sep in "/\n")
+
+
+def _images(files: list[str], labelled: dict) -> tuple[list[str], list[str]]:
+    """The files imagefolder reads as images (``a.png``, also ``a.png.gz``) and their folders; the folders of those
+    whose last extension is an image's, the ones it takes class names from, go into ``labelled``."""
+    paths, folders = [], []
+    for path in files:
+        folder, _, name = path.rpartition("/")
+        if _extension(name) in IMAGE_EXTENSIONS:
+            labelled[folder] = None
+        elif _extension(name[:name.rfind(".")]) not in IMAGE_EXTENSIONS:
+            continue
+        paths.append(path)
+        folders.append(folder)
+    return paths, folders
 
 
 def folder_index(listing: Listing, parts: dict[str, list[str]], train_split: str, eval_split: str | None,
                  directory: str) -> FolderIndex:
     """The rows of ``train_split`` and ``eval_split`` (``+`` joins parts; ``parts`` maps each part to its files),
-    labelled by class folder as imagefolder labels them. DataError when there are no class folders, one class,
-    or a class on one side only."""
+    labelled by class folder as imagefolder labels them: classes sorted, and only with two or more at one depth.
+    DataError when there are no class folders, one class, or a class on one side only."""
     root_name = listing.root.rpartition("/")[2]
-    images = {part: [p for p in files if not IMAGE_EXTENSIONS.isdisjoint(_extensions(p))]
-              for part, files in parts.items()}
 
-    def folder_of(path: str) -> str:
-        return path.rpartition("/")[0].rpartition("/")[2] if "/" in path else root_name
+    def class_of(folder: str) -> str:  # the image's parent folder's name
+        return folder.rpartition("/")[2] if folder else root_name
 
-    # imagefolder counts a class only for files whose last extension is an image's
-    labelled = [p for files in images.values() for p in files if _extensions(p)[0] in IMAGE_EXTENSIONS]
-    names = sorted({folder_of(p) for p in labelled})
-    classes = {part: {folder_of(p) for p in files} for part, files in images.items()}
-    if len(names) < 2 or len({p.count("/") for p in labelled}) != 1 or set(names) <= SPLIT_FOLDER_NAMES:
+    labelled: dict[str, None] = {}
+    images = {part: _images(files, labelled) for part, files in parts.items()}
+    names = sorted({class_of(folder) for folder in labelled})
+    classes = {part: {class_of(folder) for folder in set(folders)} for part, (_, folders) in images.items()}
+    depths = {folder.count("/") + bool(folder) for folder in labelled}
+    if len(names) < 2 or len(depths) != 1 or set(names) <= SPLIT_FOLDER_NAMES:
         raise no_classes_error(classes, directory)
     check_same_classes(classes, train_split, eval_split, directory)
     label_of = {name: label for label, name in enumerate(names)}
@@ -194,12 +216,15 @@ def folder_index(listing: Listing, parts: dict[str, list[str]], train_split: str
     for split in (train_split, eval_split):
         if split is None:
             continue
-        files = [p for part in split.split("+") for p in images[part]]
-        stray = next((p for p in files if folder_of(p) not in label_of), None)
+        paths = [path for part in split.split("+") for path in images[part][0]]
+        folders = [folder for part in split.split("+") for folder in images[part][1]]
+        label_of_folder = {folder: label_of.get(class_of(folder)) for folder in set(folders)}
+        stray = next((folder for folder, label in label_of_folder.items() if label is None), None)
         if stray is not None:  # an "a.png.gz" alone in its folder: imagefolder fails on it too
-            raise DataError(f"cannot prepare image folder {directory}: {stray} is in no class folder")
-        rows[split] = pa.table({"path": pa.array([f"{listing.root}/{p}" for p in files], pa.string()),
-                                "label": pa.array([label_of[folder_of(p)] for p in files], pa.int64())})
+            raise DataError(f"cannot prepare image folder {directory}: the images in {stray or '.'} are in no "
+                            f"class folder")
+        rows[split] = pa.table({"path": pa.array([f"{listing.root}/{path}" for path in paths], pa.string()),
+                                "label": pa.array([label_of_folder[folder] for folder in folders], pa.int64())})
     return FolderIndex(train_split, eval_split, names, rows)
 
 

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 import datasets
-from datasets import Dataset, DatasetDict
+from datasets import ClassLabel, Dataset, DatasetDict
 
 from ..errors import DataError
 from . import fashion_mnist, folder_cache, folders, inaturalist
@@ -147,11 +147,13 @@ def _load_image_folder_with_datasets(directory: str, train_split, eval_split, st
     """What imagefolder reads beyond class folders (metadata files, zip archives, sharded names): through it."""
     loaded = load_hub("imagefolder", f"image folder {directory}", train_split, eval_split, streaming,
                       data_dir=directory)
+    label = (loaded.train.features or {}).get("label")
+    if label is not None and not isinstance(label, ClassLabel):
+        return loaded  # a metadata file's labels (named later), not the folders'
     # imagefolder names classes after the images' folders, and only when there are two or more
     classes = {split: {os.path.basename(os.path.dirname(str(f))) for f in files}
                for split, files in (loaded.data_files or {}).items()}
-    features = loaded.train.features or {}
-    if "label" not in features or set(features["label"].names) <= folders.SPLIT_FOLDER_NAMES:
+    if label is None or set(label.names) <= folders.SPLIT_FOLDER_NAMES:
         raise folders.no_classes_error(classes, directory)
     folders.check_same_classes(classes, loaded.train_split, loaded.eval_split, directory)
     return loaded
