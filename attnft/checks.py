@@ -54,7 +54,7 @@ class Fields:
         if not isinstance(value, list) or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
             self.fail("label_names", f"must be a list of names, got {_short(value)}")
         if num_classes is not None and len(value) != num_classes:
-            self.fail("label_names", f"has {len(value)} names for {num_classes} classes")
+            self.fail("label_names", f"has {len(value)} label names for {num_classes} classes")
 
     def data_config(self, value: Any, input_size: Optional[int]) -> None:
         """timm's data config at the adapter's size, plus attnft's ``background``."""

@@ -1,5 +1,8 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 # Tests never reach a hub: fail fast instead of retrying for a minute.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -7,6 +10,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # idle OpenMP threads sleep instead of spinning against subprocesses the tests start (see attnft/cli.py)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# image-folder indexes go to a folder of this session, not the user's ~/.cache/attnft (subprocesses inherit it)
+os.environ["ATTNFT_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnft-test-cache-")
+atexit.register(shutil.rmtree, os.environ["ATTNFT_CACHE_DIR"], ignore_errors=True)
 
 sys.path.insert(0, os.path.dirname(__file__))  # tiny_models helpers
 

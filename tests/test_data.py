@@ -391,6 +391,13 @@ def test_a_class_with_one_image_cannot_be_held_out(tmp_path):
         load_task(str(saved))
 
 
+def test_a_hold_out_smaller_than_the_classes_is_an_error(tmp_path):
+    root = write_image_folder(tmp_path / "flat", splits=("",), classes=("cat", "dog", "owl"), per_class=2)
+    with pytest.raises(DataError, match="gives 1 of 6 images, fewer than its 3 classes .*--val-fraction"):
+        load_task(str(root))
+    assert len(load_task(str(root), val_fraction=0.5).eval) == 3
+
+
 def image_names(split) -> list[str]:
     return [row["image"]["path"] for row in split.rows]
 

@@ -1,6 +1,6 @@
 """Repeated augmentation's sampler and the per-copy augmentation seeds."""
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from attnft.seeding import RepeatedAugmentationSampler, SeededAugmentation
 
@@ -41,3 +41,14 @@ def test_copies_of_one_sample_are_augmented_differently_and_reproducibly():
     first, second = data[7], data[7 + 300]
     assert first[1] == second[1] == 7 and first[0] != second[0]
     assert data[7 + 300] == second  # the same draw whenever, wherever it is loaded
+
+
+def test_a_sample_is_augmented_alike_in_a_loader_worker_and_the_main_process_keeps_its_rngs():
+    data = SeededAugmentation(Noise(), seed=0)
+    torch.manual_seed(123)
+    here = [data[i] for i in range(8)]
+    after = torch.rand(3)
+    torch.manual_seed(123)
+    assert torch.equal(torch.rand(3), after)  # seeding a sample left the main process's draws alone
+    loaded = DataLoader(data, batch_size=4, num_workers=1, sampler=range(8))
+    assert [(float(x), int(i)) for draws, indices in loaded for x, i in zip(draws, indices)] == here

@@ -16,10 +16,12 @@ images here, so a missing or corrupt file is reported when it is first used.
 import json
 import os
 
+import pyarrow as pa
 from datasets import ClassLabel, Dataset, Features, Image, IterableDataset
 from datasets.packaged_modules.imagefolder.imagefolder import IMAGE_EXTENSIONS
 
 from ..errors import DataError
+from .folders import image_path_dataset
 
 _EXTENSIONS = frozenset(IMAGE_EXTENSIONS)
 
@@ -60,7 +62,8 @@ def inat_json_categories(root: str, split: str) -> tuple[list[int], list[str]]:
     return [c["id"] for c in categories], [str(c.get("name") or c["id"]) for c in categories]
 
 
-def inat_json_split(root: str, split: str, category_ids: list[int], label_names: list[str]) -> Dataset:
+def inat_json_split(root: str, split: str, category_ids: list[int], label_names: list[str],
+                    streaming: bool = False) -> Dataset | IterableDataset:
     """The annotated images of ``<root>/<split>.json``, labelled by position in ``category_ids``."""
     meta = _read_json(root, split)
     file_of = {image["id"]: image["file_name"] for image in meta["images"]}
@@ -75,8 +78,7 @@ def inat_json_split(root: str, split: str, category_ids: list[int], label_names:
         labels.append(label_of[category])
     if not paths:
         raise DataError(f"{os.path.join(root, split + '.json')} has no annotated images")
-    return Dataset.from_dict({"image": [{"path": p, "bytes": None} for p in paths], "label": labels},
-                             features=_features(label_names))
+    return image_path_dataset(pa.table({"path": paths, "label": labels}), label_names, streaming)
 
 
 # ---- folder layout (2021) ---------------------------------------------------------------------
@@ -121,5 +123,5 @@ def inat_folder_split(root: str, split: str, classes: list[str], streaming: bool
     rows = list(_images_of_folders(folders))
     if not rows:
         raise DataError(f"no images under {os.path.join(root, split)}")
-    return Dataset.from_dict({"image": [r["image"] for r in rows], "label": [r["label"] for r in rows]},
-                             features=features)
+    paths, labels = [row["image"]["path"] for row in rows], [row["label"] for row in rows]
+    return image_path_dataset(pa.table({"path": paths, "label": labels}), features["label"].names)

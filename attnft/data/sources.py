@@ -7,12 +7,10 @@ import os
 from dataclasses import dataclass
 
 import datasets
-from datasets import Dataset, DatasetDict
-from datasets.data_files import SPLIT_KEYWORDS
-from datasets.packaged_modules.imagefolder.imagefolder import IMAGE_EXTENSIONS
+from datasets import ClassLabel, Dataset, DatasetDict
 
 from ..errors import DataError
-from . import fashion_mnist, inaturalist
+from . import fashion_mnist, folder_cache, folders, inaturalist
 from .images import ArrayRows
 from .presets import FASHION_MNIST, HUB, INAT_FOLDERS, INAT_JSON, PRESETS, DatasetPreset
 
@@ -20,8 +18,6 @@ from .presets import FASHION_MNIST, HUB, INAT_FOLDERS, INAT_JSON, PRESETS, Datas
 EVAL_SPLIT_CANDIDATES = ("validation", "val", "test", "valid", "eval")
 # files that mark a local copy of a hub repo (read by `datasets` like the hub would)
 _DATA_FILE_EXTENSIONS = (".parquet", ".arrow", ".csv", ".json", ".jsonl", ".tar")
-_IMAGE_EXTENSIONS = frozenset(IMAGE_EXTENSIONS)
-_SPLIT_FOLDER_NAMES = frozenset(name for names in SPLIT_KEYWORDS.values() for name in names)
 
 
 @dataclass
@@ -68,9 +64,8 @@ def _load_fashion_mnist(preset, data_dir, train_split, eval_split) -> Loaded:
 
 def _load_inat_json(preset, root, train_split, eval_split, streaming) -> Loaded:
     category_ids, names = inaturalist.inat_json_categories(root, train_split)
-    splits = [inaturalist.inat_json_split(root, split, category_ids, names) for split in (train_split, eval_split)]
-    if streaming:
-        splits = [split.to_iterable_dataset(num_shards=_shards(split)) for split in splits]
+    splits = [inaturalist.inat_json_split(root, split, category_ids, names, streaming)
+              for split in (train_split, eval_split)]
     return Loaded(f"{preset.title} {root}", splits[0], splits[1], train_split, eval_split)
 
 
@@ -78,11 +73,6 @@ def _load_inat_folders(preset, root, train_split, eval_split, streaming) -> Load
     classes = inaturalist.inat_folder_classes(root, train_split)
     splits = [inaturalist.inat_folder_split(root, split, classes, streaming) for split in (train_split, eval_split)]
     return Loaded(f"{preset.title} {root}", splits[0], splits[1], train_split, eval_split)
-
-
-def _shards(dataset: Dataset) -> int:
-    # enough shards for DataLoader workers to share, none smaller than ~1k rows
-    return max(1, min(64, len(dataset) // 1024))
 
 
 # ---- local directories and the hub --------------------------------------------------------------
@@ -104,7 +94,7 @@ def _local_kind(directory: str) -> str:
     for _, _, files in os.walk(directory):
         for file in files:
             extension = os.path.splitext(file)[1].lower()
-            if extension in _IMAGE_EXTENSIONS:
+            if extension in folders.IMAGE_EXTENSIONS:
                 return "images"
             if extension in _DATA_FILE_EXTENSIONS:
                 return "files"
@@ -118,52 +108,55 @@ def load_local(directory: str, train_split, eval_split, streaming) -> Loaded:
     if kind == "files":
         return load_hub(directory, f"local copy {directory}", train_split, eval_split, streaming)
     if kind == "images":
-        _check_file_names(directory)
-        loaded = load_hub("imagefolder", f"image folder {directory}", train_split, eval_split, streaming,
-                          data_dir=directory)
-        # imagefolder names classes after the images' folders, and only when there are two or more
-        classes = {split: {os.path.basename(os.path.dirname(str(f))) for f in files}
-                   for split, files in (loaded.data_files or {}).items()}
-        features = loaded.train.features or {}
-        if "label" not in features or set(features["label"].names) <= _SPLIT_FOLDER_NAMES:
-            found = set().union(*classes.values()) - _SPLIT_FOLDER_NAMES
-            if len(found) == 1:
-                raise DataError(f"{directory} has only one class ({found.pop()!r}): a classifier needs two class "
-                                f"folders or more, as in train/<class>/ and val/<class>/")
-            raise DataError(f"{directory} has images but no class folders: put them in "
-                            f"train/<class>/ and val/<class>/ (or test/<class>/), two classes or more")
-        _check_same_classes(classes, loaded.train_split, loaded.eval_split, directory)
-        return loaded
+        return _load_image_folder(directory, train_split, eval_split, streaming)
     raise DataError(f"no images in {directory}: expected train/ and val/ (or test/) folders, "
                     f"each holding one folder of images per class")
 
 
-def _check_file_names(directory: str) -> None:
-    """DataError naming the first file or folder under ``directory`` whose name is not UTF-8 (``datasets`` needs it)."""
-    for root, folders, files in os.walk(directory):
-        for name in folders + files:
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:  # os.fsdecode turned the bytes that are not UTF-8 into surrogates
-                raw = os.fsencode(os.path.join(root, name))
-                raise DataError(f"the name {raw!r} in {directory} is not UTF-8, which `datasets` needs: rename it "
-                                f"(e.g. convmv -r -f latin1 -t utf-8 --notest {directory})") from None
+def _load_image_folder(directory: str, train_split, eval_split, streaming) -> Loaded:
+    """An image folder from one walk, its index cached by the listing; datasets reads what only it can."""
+    listing = folders.list_folder(directory)
+    index = folder_cache.read(listing, train_split, eval_split)
+    if index is None:
+        index = _index_image_folder(listing, directory, train_split, eval_split)
+        if index is None:
+            return _load_image_folder_with_datasets(directory, train_split, eval_split, streaming)
+        folder_cache.write(listing, train_split, eval_split, index)
+    splits = [folders.image_path_dataset(index.rows[split], index.label_names, streaming) if split else None
+              for split in (index.train_split, index.eval_split)]
+    return Loaded(f"image folder {directory}", splits[0], splits[1], index.train_split, index.eval_split,
+                  label_names=list(index.label_names))
 
 
-def _check_same_classes(classes: dict, train_split: str, eval_split: str | None, directory: str) -> None:
-    """DataError naming a class folder that one side (train or eval) has and the other lacks."""
-    if eval_split is None:
-        return
-    sides = {}
-    for side, split in (("train", train_split), ("eval", eval_split)):
-        sides[side] = set().union(*(classes.get(part, set()) for part in split.split("+")))
-    for side, other in (("train", "eval"), ("eval", "train")):
-        missing = sorted(sides[side] - sides[other])
-        if missing:
-            split = {"train": train_split, "eval": eval_split}
-            raise DataError(f"class {missing[0]!r} of image folder {directory} is in {split[side]} but not in "
-                            f"{split[other]}" + (f" ({len(missing) - 1} more)" if len(missing) > 1 else "")
-                            + ": both need the same class folders")
+def _index_image_folder(listing, directory: str, train_split, eval_split) -> folders.FolderIndex | None:
+    """The folder's rows for these splits; None where imagefolder reads more than class folders."""
+    source = f"image folder {directory}"
+    files = folders.split_files(listing)
+    if files is None:
+        return None
+    if not files:
+        raise DataError(f"no data files for {source}: nothing datasets would read in {listing.root}")
+    train_split, eval_split = _resolve_splits(list(files), train_split, eval_split, source)
+    parts = {part: files[part] for split in (train_split, eval_split) if split for part in split.split("+")}
+    if folders.needs_datasets([path for part in parts.values() for path in part]):
+        return None
+    return folders.folder_index(listing, parts, train_split, eval_split, directory)
+
+
+def _load_image_folder_with_datasets(directory: str, train_split, eval_split, streaming) -> Loaded:
+    """What imagefolder reads beyond class folders (metadata files, zip archives, sharded names): through it."""
+    loaded = load_hub("imagefolder", f"image folder {directory}", train_split, eval_split, streaming,
+                      data_dir=directory)
+    label = (loaded.train.features or {}).get("label")
+    if label is not None and not isinstance(label, ClassLabel):
+        return loaded  # a metadata file's labels (named later), not the folders'
+    # imagefolder names classes after the images' folders, and only when there are two or more
+    classes = {split: {os.path.basename(os.path.dirname(str(f))) for f in files}
+               for split, files in (loaded.data_files or {}).items()}
+    if label is None or set(label.names) <= folders.SPLIT_FOLDER_NAMES:
+        raise folders.no_classes_error(classes, directory)
+    folders.check_same_classes(classes, loaded.train_split, loaded.eval_split, directory)
+    return loaded
 
 
 def _load_saved(directory: str, train_split, eval_split, streaming) -> Loaded:
@@ -177,7 +170,8 @@ def _load_saved(directory: str, train_split, eval_split, streaming) -> Loaded:
     splits = [_concatenate([saved[part] for part in split.split("+")]) if split else None
               for split in (train_split, eval_split)]
     if streaming:
-        splits = [split.to_iterable_dataset(num_shards=_shards(split)) if split else None for split in splits]
+        splits = [split.to_iterable_dataset(num_shards=folders.stream_shards(len(split))) if split else None
+                  for split in splits]
     return Loaded(f"saved dataset {directory}", splits[0], splits[1], train_split, eval_split)
 
 
