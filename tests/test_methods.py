@@ -10,9 +10,9 @@ from timm.optim import create_optimizer_v2
 from torch import nn
 
 from attnft.adapters import BaseSnapshot, compute_fingerprint
-from attnft.errors import UnknownPolicyError
-from attnft.methods import FreezingMethod, PeftPolicyMethod, parse_method
-from attnft.peft_methods import LoraOptions
+from attnft.core.errors import UnknownPolicyError
+from attnft.tuning.methods import FreezingMethod, PeftPolicyMethod, parse_method
+from attnft.tuning.peft.spec import LoraOptions
 from tiny_models import tiny_input, tiny_model
 
 

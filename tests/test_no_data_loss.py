@@ -16,10 +16,10 @@ from safetensors.torch import save_file
 
 from attnft.adapters import BaseSnapshot, save_adapter
 from attnft.cli import main
-from attnft.errors import StoreError
-from attnft.files import ADAPTER_FOLDER, EXPORT_FOLDER, write_text_atomically
-from attnft.policy import apply_policy
-from attnft.store import AdapterStore
+from attnft.core.errors import StoreError
+from attnft.core.files import ADAPTER_FOLDER, EXPORT_FOLDER, write_text_atomically
+from attnft.tuning.policy import apply_policy
+from attnft.adapters.store import AdapterStore
 from test_adapters_cli import assert_one_line_error, attnft, snapshot_tree
 from tiny_models import tiny_input, tiny_model
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnft.store import AdapterStore
+from attnft.adapters.store import AdapterStore
 from tiny_models import tiny_model
 
 SAVED = Path(__file__).resolve().parent / "fixtures" / "main-3d0127a"

@@ -9,9 +9,9 @@ import torch
 
 from attnft.adapters import CONFIG_FILE, BaseSnapshot
 from attnft.cli import main
-from attnft.errors import AdapterError, AttnftError
-from attnft.policy import apply_policy
-from attnft.store import AdapterStore
+from attnft.core.errors import AdapterError, AttnftError
+from attnft.tuning.policy import apply_policy
+from attnft.adapters.store import AdapterStore
 from tiny_models import tiny_input, tiny_model
 
 

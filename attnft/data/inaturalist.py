@@ -19,7 +19,7 @@ import os
 from datasets import ClassLabel, Dataset, Features, Image, IterableDataset
 from datasets.packaged_modules.imagefolder.imagefolder import IMAGE_EXTENSIONS
 
-from ..errors import DataError
+from ..core.errors import DataError
 
 _EXTENSIONS = frozenset(IMAGE_EXTENSIONS)
 

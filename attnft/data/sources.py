@@ -11,7 +11,7 @@ from datasets import Dataset, DatasetDict
 from datasets.data_files import SPLIT_KEYWORDS
 from datasets.packaged_modules.imagefolder.imagefolder import IMAGE_EXTENSIONS
 
-from ..errors import DataError
+from ..core.errors import DataError
 from . import fashion_mnist, inaturalist
 from .images import ArrayRows
 from .presets import FASHION_MNIST, HUB, INAT_FOLDERS, INAT_JSON, PRESETS, DatasetPreset
