@@ -11,39 +11,13 @@ import stat
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
-from attnft.adapters import BaseSnapshot, save_adapter
+from attnft.adapters import save_adapter
 from attnft.cli import main
 from attnft.core.errors import StoreError
 from attnft.core.files import ADAPTER_FOLDER, EXPORT_FOLDER, write_text_atomically
-from attnft.tuning.policy import apply_policy
 from attnft.adapters.store import AdapterStore
-from test_adapters_cli import assert_one_line_error, attnft, snapshot_tree
-from tiny_models import tiny_input, tiny_model
-
-
-@pytest.fixture(scope="module")
-def trained():
-    model = tiny_model("vit")
-    base_state = {k: v.clone() for k, v in model.state_dict().items()}
-    report = apply_policy(model, "attn")
-    snapshot = BaseSnapshot.capture(model, report)
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    model(tiny_input(model)).pow(2).mean().backward()
-    optimizer.step()
-    return model.eval(), report, snapshot, base_state
-
-
-@pytest.fixture
-def store(tmp_path, trained):
-    model, report, snapshot, base_state = trained
-    store = AdapterStore(tmp_path / "store")
-    store.save("cars", model, report, snapshot)
-    store.save("flowers", model, report, snapshot, mode="delta")
-    save_file(base_state, str(tmp_path / "base.safetensors"))
-    return store
+from test_adapters_cli import assert_one_line_error, attnft, snapshot_tree, store, trained  # noqa: F401  (fixtures)
 
 
 def export(capsys, store, out, *extra):
@@ -64,7 +38,7 @@ def test_export_onto_the_adapter_being_exported_is_refused(capsys, store):
     store.verify("cars")
 
 
-def test_export_over_a_folder_holding_other_files_is_refused_and_they_stay(capsys, store, trained, tmp_path):
+def test_export_over_a_folder_holding_other_files_is_refused_and_they_stay(capsys, store, trained, tmp_path):  # noqa: F811
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work")

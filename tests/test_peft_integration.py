@@ -16,6 +16,7 @@ from attnft.multitask import MultiTaskModel
 from attnft.adapters.peft_sidecar import PeftAdapterInfo, is_peft_adapter
 from attnft.multitask import PeftMultiTask
 from attnft.tuning.peft.model import apply_peft_policy
+from attnft.tuning.peft.spec import PEFT_METHODS
 from attnft.tuning.policy import Policy, apply_policy
 from attnft.adapters.store import AdapterStore
 from tiny_models import tiny_input, tiny_model
@@ -279,5 +280,5 @@ def test_the_unknown_policy_message_names_every_peft_method():
     with pytest.raises(UnknownPolicyError) as error:
         Policy.parse("nope")
     assert "choose one of attn, ffn, full, head" in str(error.value)
-    for method in peft_methods.PEFT_METHODS:
+    for method in PEFT_METHODS:
         assert method in str(error.value)

@@ -5,40 +5,27 @@ import json
 import random
 
 import pytest
-import torch
 
-from attnft.adapters import CONFIG_FILE, BaseSnapshot
+from attnft.adapters import CONFIG_FILE
 from attnft.cli import main
 from attnft.core.errors import AdapterError, AttnftError
-from attnft.tuning.policy import apply_policy
 from attnft.adapters.store import AdapterStore
-from tiny_models import tiny_input, tiny_model
-
-
-@pytest.fixture(scope="module")
-def trained():
-    model = tiny_model("vit")
-    base_state = {k: v.clone() for k, v in model.state_dict().items()}
-    report = apply_policy(model, "attn")
-    snapshot = BaseSnapshot.capture(model, report)
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    model(tiny_input(model)).pow(2).mean().backward()
-    optimizer.step()
-    model.base_state = base_state
-    return model.eval(), report, snapshot
+from test_adapters_cli import trained  # noqa: F401  (the fixture: a tiny ViT, 4 classes, one step of attn)
+from tiny_models import tiny_model
 
 
 @pytest.fixture
-def store(tmp_path, trained):
+def store(tmp_path, trained):  # noqa: F811
+    model, report, snapshot, _ = trained
     store = AdapterStore(tmp_path / "store")
-    store.save("good", *trained)
-    store.save("victim", *trained)
+    store.save("good", model, report, snapshot)
+    store.save("victim", model, report, snapshot)
     return store
 
 
-def base_of(trained):
+def base_of(trained):  # noqa: F811
     model = tiny_model("vit")
-    model.load_state_dict(trained[0].base_state)
+    model.load_state_dict(trained[3])  # the base before its new 4-class head: the adapter brings the head
     return model
 
 
@@ -123,8 +110,9 @@ def test_eval_and_show_of_a_tampered_adapter_are_one_line_errors_before_any_work
     assert len(err) == 2 and all(line.startswith("attnft: error:") for line in err)
 
 
-def test_what_read_refuses_is_never_saved(tmp_path, trained):
+def test_what_read_refuses_is_never_saved(tmp_path, trained):  # noqa: F811
     store = AdapterStore(tmp_path / "store")
+    trained = trained[:3]
     with pytest.raises(AdapterError, match="input_size must be an integer from 1"):
         store.save("bad", *trained, input_size=-3)
     with pytest.raises(AdapterError, match="crop_pct"):
@@ -138,7 +126,7 @@ def _random_value(rng: random.Random):
                        [3, 0, 0], {}, {"a": 1}, True, [[[[1]]]], ["0"] * 5])
 
 
-def test_fuzzed_configs_are_either_valid_or_refused_by_verify_and_never_break_the_store(store, trained):
+def test_fuzzed_configs_are_either_valid_or_refused_by_verify_and_never_break_the_store(store, trained):  # noqa: F811
     """300 one-field edits: verify accepts the config (and the adapter then loads) or refuses it with an
     AdapterError; listing and verifying the other adapter keep working throughout."""
     rng = random.Random(0)
