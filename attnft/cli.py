@@ -20,6 +20,7 @@ COMMANDS = {
     "finetune": "finetune",
     "eval": "evaluate",
     "adapters": "adapters",
+    "serve": "serve",
 }
 
 

@@ -135,6 +135,23 @@ def test_a_word_that_is_no_boolean_is_refused():
         FinetuneConfig(progress="maybe")
 
 
+@pytest.mark.parametrize("text, size", [("2GB", 2 * 10**9), ("512MB", 512 * 10**6), ("1.5G", 1_500_000_000),
+                                        ("300KiB", 300 * 1024), ("1 MiB", 2**20), ("1048576", 1048576), ("10b", 10)])
+def test_a_size_reads_as_bytes(text, size):
+    from attnft.core.parsing import format_bytes, parse_bytes
+
+    assert parse_bytes(text) == size
+    assert parse_bytes(format_bytes(size).replace(" ", "")) == pytest.approx(size, rel=0.01)
+
+
+@pytest.mark.parametrize("text", ["lots", "", "2XB", "-1GB", "0", "nanGB", "infMB", "0.5"])
+def test_a_word_that_is_no_size_is_refused(text):
+    from attnft.core.parsing import parse_bytes
+
+    with pytest.raises(ValueError, match="size"):
+        parse_bytes(text)
+
+
 def _is_a_scripts_config(path: str) -> bool:
     """A recipe beside a script of its own name, or one whose header runs a script with it (``python
     recipes/S.py --config recipes/THIS.yaml``), is that script's configuration, not attnft finetune's."""

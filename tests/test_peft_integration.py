@@ -1,5 +1,6 @@
 """peft adapters in the store, the ``adapters`` and ``policies`` commands, and multi-task serving."""
 import copy
+import hashlib
 import json
 import warnings
 
@@ -213,6 +214,33 @@ def test_from_store_serves_peft_adapters_like_each_adapter_alone(store, trained)
     tasks = ["cars-lora", "pets-lora", "pets-lora", "cars-lora"]
     for i, row in enumerate(served(x, tasks=tasks)):
         assert (row - alone[tasks[i]][i]).abs().max() <= 1e-5
+
+
+def test_a_peft_server_whose_every_task_was_removed_takes_new_tasks(store, trained):
+    """A pager unloads the least recently used task, even a backbone's last one; peft cannot load into a
+    model left without adapters, so the base is given back whole and the next task wraps it afresh."""
+    base = trained[0]
+    x = tiny_input(base, batch=2)
+    served = MultiTaskModel.from_store(store, ["cars-lora"], base_model=copy.deepcopy(base))
+    served.remove_task("cars-lora")
+    assert served.tasks == []
+    served.add_task("pets-lora", store.path("pets-lora"))
+    served.add_task("cars-lora", store.path("cars-lora"))
+    for name in PEFT_TASKS:
+        assert (served(x, task=name) - logits(store.load(name, copy.deepcopy(base)), x)).abs().max() <= 1e-5
+
+
+def test_a_peft_adapter_with_a_non_finite_value_is_not_served(store, trained):
+    weights = store.path("cars-lora") / WEIGHTS_FILE
+    data = bytearray(weights.read_bytes())
+    data[-4:] = b"\x00\x00\x80\x7f"  # inf, and the sidecar's sha256 rewritten to match: only the value is off
+    weights.write_bytes(bytes(data))
+    sidecar = store.path("cars-lora") / peft_sidecar.SIDECAR_FILE
+    info = json.loads(sidecar.read_text())
+    info["weights_sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    sidecar.write_text(json.dumps(info))
+    with pytest.raises(AdapterError, match="inf|finite"):
+        PeftMultiTask(copy.deepcopy(trained[0])).add_task("cars", store.path("cars-lora"))
 
 
 def test_from_adapters_serves_peft_folders_and_their_infos(store, trained):

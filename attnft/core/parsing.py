@@ -61,6 +61,33 @@ def parse_background(text: str):
     raise ValueError(f"background must be white, black, mean or R,G,B with each 0-255, got {text[:40]!r}")
 
 
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+               "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_bytes(text: str) -> int:
+    """A size in bytes from ``2GB``, ``512MB``, ``1.5G``, ``300KiB`` or ``1048576`` (KB/MB/GB are powers of
+    1000, KiB/MiB/GiB of 1024); ValueError for anything else, or a size below one byte."""
+    word = str(text).strip().lower().replace(" ", "").replace("_", "")
+    number = word.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = word[len(number):]
+    try:
+        value = float(number) * _BYTE_UNITS[unit]
+    except (KeyError, ValueError):
+        raise ValueError(f"{text!r} is not a size: use e.g. 2GB, 512MB, 300KiB or a number of bytes") from None
+    if not math.isfinite(value) or value < 1:
+        raise ValueError(f"{text!r} is not a size of at least one byte")
+    return int(value)
+
+
+def format_bytes(size: int) -> str:
+    """``1234567`` -> ``1.23 MB`` (powers of 1000, as :func:`parse_bytes` reads MB)."""
+    for unit, scale in (("GB", 1000**3), ("MB", 1000**2), ("kB", 1000)):
+        if size >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{size} B"
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, config_cls: type, recipe: bool = True) -> None:
     """One flag per field of ``config_cls`` (``--field-name``), grouped, plus ``--recipe FILE``.
 

@@ -55,30 +55,37 @@ def to_rgb(image: Image.Image, background: tuple[int, int, int] = WHITE) -> Imag
     return flatten(to_rgb_or_rgba(image), background)
 
 
-def decode_image(value: Any) -> Image.Image:
+def decode_image(value: Any, *, max_pixels: int | None = None, formats: Sequence[str] | None = None) -> Image.Image:
     """Decode one stored image to RGB, or RGBA where it has transparency (:func:`to_rgb_or_rgba`).
 
     ``value`` is what a dataset row holds: a ``datasets.Image(decode=False)`` dict
     (``bytes`` and/or ``path``), a path, raw bytes, a uint8 array [H, W] or [H, W, C],
-    or a PIL image. Raises whatever PIL raises for unreadable data.
+    or a PIL image. Raises whatever PIL raises for unreadable data. ``max_pixels``: an image
+    whose header claims more pixels raises ``Image.DecompressionBombError`` before it is
+    decoded (PIL itself only warns below twice its ``MAX_IMAGE_PIXELS``); ``formats``: the PIL
+    formats tried (None: every one PIL has).
     """
     if isinstance(value, Image.Image):
         image = value
     elif isinstance(value, (np.ndarray, list)):  # arrays, or Array features read as nested lists
         image = Image.fromarray(np.asarray(value, dtype=np.uint8))
     elif isinstance(value, (bytes, bytearray)):
-        image = Image.open(io.BytesIO(value))
+        image = Image.open(io.BytesIO(value), formats=formats)
     elif isinstance(value, (str, os.PathLike)):
-        image = Image.open(value)
+        image = Image.open(value, formats=formats)
     elif isinstance(value, dict):
         if value.get("bytes") is not None:
-            image = Image.open(io.BytesIO(value["bytes"]))
+            image = Image.open(io.BytesIO(value["bytes"]), formats=formats)
         elif value.get("path") is not None:
-            image = Image.open(value["path"])
+            image = Image.open(value["path"], formats=formats)
         else:
             raise ValueError("image entry has neither bytes nor path")
     else:
         raise TypeError(f"cannot decode an image from {type(value).__name__}")
+    if max_pixels is not None and image.width * image.height > max_pixels:
+        raise Image.DecompressionBombError(
+            f"image of {image.width}x{image.height} pixels is over the limit of {max_pixels} pixels: a decompression bomb?"
+        )
     image.load()  # open() is lazy: truncated or corrupt data only fails here
     return to_rgb_or_rgba(image)
 

@@ -23,8 +23,9 @@ from torch import nn
 from ..core.errors import AdapterError
 from ..core.files import CONFIG_FILE, WEIGHTS_FILE
 from ..tuning.fingerprint import compute_fingerprint
-from ..adapters.peft_files import check_base, load_peft_adapter, verify_peft_adapter
-from ..adapters.peft_sidecar import PeftAdapterInfo, read_peft_adapter
+from ..adapters.formats import PEFT
+from ..adapters.peft_files import check_base, load_peft_adapter
+from ..adapters.peft_sidecar import PeftAdapterInfo
 from ..tuning.peft.names import unprefixed
 from ..tuning.peft.spec import PEFT_METHODS
 from ..roles import join_name
@@ -69,7 +70,7 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
         """Serve the peft adapter folder ``path`` as task ``name``; BaseMismatchError if it fits another base."""
         self._check_new_task(name)
         adapter = f"task{self._next_id}"
-        info = read_peft_adapter(path)  # the sidecar; the weights are verified below, once
+        info = PEFT.verify(path)  # every check `attnft adapters verify` makes: sizes, sha256, classes, finite values
         if _peft_config(info).get("bias", "none") != "none":
             # peft trains biases in the base layer itself, which every task shares
             raise AdapterError(f"task {name!r} trains the base's biases (bias != none): it cannot share a base with other tasks")
@@ -77,7 +78,6 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
             self.model = load_peft_adapter(self._base, path, adapter_name=adapter, base_fingerprint=self.base_fingerprint)
             self._base = None
         else:
-            info = verify_peft_adapter(path)
             check_base(info, self.base_fingerprint)
             served = {i.method for i in self._tasks.values()} or {info.method}
             if served != {info.method}:  # one PeftModel holds adapters of one peft type
@@ -112,7 +112,16 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
             wrapper.modules_to_save[adapter] = head.to(original.weight.device, original.weight.dtype)
 
     def _release(self, name: str) -> None:
-        self.model.delete_adapter(self._adapter_of.pop(name))
+        adapter = self._adapter_of.pop(name)
+        if self._adapter_of:
+            self.model.delete_adapter(adapter)
+            return
+        # the last task: peft cannot load into a model left without adapters, so give the base back as it was
+        # (no trained head: unload keeps the active head copy, so none is active)
+        for wrapper in _head_wrappers(self.model).values():
+            wrapper.set_adapter([])
+        self._base = self.model.unload()
+        self.model = None
 
     def info(self, task: str) -> PeftAdapterInfo:
         return self._served(task)
@@ -177,7 +186,7 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
         """Bytes of tensor storage: ``shared`` (the base), each task's adapter and head copy, and ``total``."""
         task_of = {adapter: name for name, adapter in self._adapter_of.items()}
         per_task = {name: 0 for name in self._tasks}
-        base = self.model.get_base_model()
+        base = _base_of(self.model)
         for module in base.modules():
             for adapter, part in _adapter_parts(module):
                 if adapter in task_of:
@@ -190,8 +199,13 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
         return f"PeftMultiTask(tasks={self.tasks}, default={self._default!r})"
 
 
+def _base_of(peft_model: PeftModel) -> nn.Module:
+    """The model peft wrapped; unlike ``get_base_model`` it needs no active adapter (none is left once every task is removed)."""
+    return peft_model.base_model.model
+
+
 def _head_wrappers(peft_model: PeftModel) -> dict[str, ModulesToSaveWrapper]:
-    return {n: m for n, m in peft_model.get_base_model().named_modules() if isinstance(m, ModulesToSaveWrapper)}
+    return {n: m for n, m in _base_of(peft_model).named_modules() if isinstance(m, ModulesToSaveWrapper)}
 
 
 def _adapter_parts(module: nn.Module) -> Iterator[tuple[str, Union[nn.Module, torch.Tensor]]]:

@@ -1,0 +1,189 @@
+"""What the store holds now, as the server sees it: one :class:`TaskEntry` per adapter, kept current.
+
+The store writes an adapter folder atomically (a hidden folder renamed into place), so a new
+or overwritten adapter is a new folder: its inode and its files' mtimes change. Every lookup
+stats the folder, its config and its weights (a few microseconds) and re-reads the config when
+they changed, so a store write is seen by the next request, without a restart and without a
+watcher thread. Only the config is read here (no tensor): the weights are read, and verified,
+when the pager loads them.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..core.errors import AttnftError, ConfigError, StoreError
+from ..core.files import CONFIG_FILE, WEIGHTS_FILE
+from ..adapters.formats import format_of
+from ..adapters.store import MAX_NAME_LENGTH, NAME_PATTERN, check_name
+
+Signature = tuple  # (inode, mtime_ns, size) of the folder, its config and its weights
+
+
+@dataclass(frozen=True)
+class BaseKey:
+    """What one backbone serves: adapters of one base model at one input size, in one format (peft: one method)."""
+
+    model_name: str
+    input_size: int
+    format: str  # "attnft" | "peft"
+    method: str = ""  # the peft method (one PeftModel holds adapters of one type); "" for attnft
+
+    def describe(self) -> str:
+        kind = f"peft {self.method}" if self.method else self.format
+        return f"{self.model_name} at {self.input_size} px ({kind} adapters)"
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """One stored adapter, as its config describes it; ``version`` grows each time the folder changes."""
+
+    name: str
+    path: Path
+    version: int
+    signature: Signature
+    base: Optional[BaseKey] = None
+    num_classes: int = 0
+    label_names: Optional[tuple] = None
+    data_config: Optional[dict] = None
+    weights_sha256: str = ""
+    trained_params: int = 0
+    error: Optional[str] = None  # why it cannot be served (its config cannot be read)
+
+    def label(self, index: int) -> str:
+        names = self.label_names
+        return str(names[index]) if names and index < len(names) else str(index)
+
+    @property
+    def format_name(self) -> str:
+        return "" if self.base is None else (f"peft-{self.base.method}" if self.base.method else self.base.format)
+
+
+class UnknownTask(AttnftError):
+    """A request named a task the store does not hold (or that --tasks leaves out)."""
+
+
+class StoreCatalog:
+    """The adapters of ``store`` that are served (``names``: only these; None: every one, new ones too)."""
+
+    def __init__(self, store, names: Optional[list[str]] = None, *, on_change: Optional[Callable[[str], None]] = None):
+        self.store = store
+        self.allowed = None if names is None else [check_name(name) for name in names]
+        self.on_change = on_change  # called with a task's name when its folder changed or went away
+        self._entries: dict[str, TaskEntry] = {}
+        self._lock = threading.Lock()
+        self._next_version = 1
+
+    def refresh(self) -> list[TaskEntry]:
+        """Every served entry, re-read where the store changed (lists the store: for ``GET /v1/tasks``)."""
+        names = self.allowed if self.allowed is not None else self.store.names()
+        for gone in set(self._entries) - set(names):
+            self._forget(gone)
+        entries = []
+        for name in names:
+            try:
+                entries.append(self.get(name))
+            except UnknownTask:
+                continue
+        return entries
+
+    def check_start(self) -> list[TaskEntry]:
+        """The entries to serve at start-up; ConfigError when --tasks names a missing adapter or there is none."""
+        try:
+            entries = self.refresh()
+        except StoreError as e:
+            raise ConfigError(str(e)) from None
+        if self.allowed is not None:
+            missing = [name for name in self.allowed if name not in {e.name for e in entries}]
+            if missing:
+                raise ConfigError(f"--tasks names {', '.join(missing)}, which {self.store.root} does not hold: "
+                                  "attnft adapters list shows what it holds")
+        if not entries:
+            raise ConfigError(f"no adapters in {self.store.root}: train one (attnft finetune) or pass --store DIR")
+        return entries
+
+    def get(self, name: str) -> TaskEntry:
+        """The current entry of task ``name``; UnknownTask if it is not served."""
+        path = self._path(name)
+        signature = _signature(path)
+        if signature is None:
+            self._forget(name)
+            raise UnknownTask(self._unknown(name))
+        entry = self._entries.get(name)
+        if entry is not None and entry.signature == signature:
+            return entry
+        return self._reread(name, path, signature)
+
+    def current(self, name: str) -> Optional[TaskEntry]:
+        """The entry last seen for ``name`` (no stat), or None."""
+        return self._entries.get(name)
+
+    def unchanged(self, entry: TaskEntry) -> bool:
+        """Whether ``entry``'s folder is still the one it was read from."""
+        return _signature(entry.path) == entry.signature
+
+    def _path(self, name: str) -> Path:
+        valid = isinstance(name, str) and NAME_PATTERN.fullmatch(name) and ".." not in name and len(name) <= MAX_NAME_LENGTH
+        if not valid or (self.allowed is not None and name not in self.allowed):
+            raise UnknownTask(self._unknown(name))
+        return self.store.path(name)  # a valid name is one folder directly in the store
+
+    def _reread(self, name: str, path: Path, signature: Signature) -> TaskEntry:
+        entry = _read_entry(name, path, signature)
+        with self._lock:
+            previous = self._entries.get(name)
+            if previous is not None and previous.signature == signature:
+                return previous  # another thread read the same folder first
+            entry = _with_version(entry, self._next_version)
+            self._next_version += 1
+            self._entries[name] = entry
+        if previous is not None and self.on_change is not None:
+            self.on_change(name)
+        return entry
+
+    def _forget(self, name: str) -> None:
+        with self._lock:
+            gone = self._entries.pop(name, None)
+        if gone is not None and self.on_change is not None:
+            self.on_change(name)
+
+    def _unknown(self, name: str) -> str:
+        served = sorted(self._entries) if self.allowed is None else self.allowed
+        listed = ", ".join(served[:20]) + (f" and {len(served) - 20} more" if len(served) > 20 else "")
+        return f"unknown task {str(name)[:80]!r}: served tasks are {listed or 'none'}"
+
+
+def _signature(path: Path) -> Optional[Signature]:
+    """The identity of an adapter folder now; None if it is not an adapter folder (gone, or not one)."""
+    try:
+        parts = [os.stat(path), os.stat(path / CONFIG_FILE)]
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        parts.append(os.stat(path / WEIGHTS_FILE))
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # served as an error: the config says what is missing
+    return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in parts)
+
+
+def _read_entry(name: str, path: Path, signature: Signature) -> TaskEntry:
+    """The entry of the adapter folder ``path`` from its config alone; an entry with ``error`` if it cannot be read."""
+    try:
+        fmt = format_of(path)
+        config = fmt.config(path)
+        base = BaseKey(config.model_name, int(config.input_size), fmt.name, getattr(config, "method", ""))
+        return TaskEntry(
+            name, path, 0, signature, base=base, num_classes=int(config.num_classes or 0),
+            label_names=tuple(config.label_names) if config.label_names else None,
+            data_config=dict(config.data_config), weights_sha256=config.weights_sha256,
+            trained_params=int(config.trained_params or 0),
+        )
+    except AttnftError as e:
+        return TaskEntry(name, path, 0, signature, error=" ".join(str(e).split()))
+
+
+def _with_version(entry: TaskEntry, version: int) -> TaskEntry:
+    return TaskEntry(**{**entry.__dict__, "version": version})
