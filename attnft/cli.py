@@ -1,7 +1,7 @@
 """The ``attnft`` command line: one subcommand per module in :mod:`attnft.commands`.
 
 Each command module exposes ``add_parser(subparsers)`` and ``run(args) -> int``. User
-errors (:class:`attnft.errors.AttnftError`) become one line on stderr and exit code 2.
+errors (:class:`attnft.core.errors.AttnftError`) become one line on stderr and exit code 2.
 """
 import argparse
 import importlib
@@ -12,7 +12,7 @@ import sys
 # or other jobs share the cores (10x slower steps measured on 2 shared cores); sleeping costs little.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .errors import AttnftError, ReportedElsewhere
+from .core.errors import AttnftError, ReportedElsewhere
 
 # command name -> module under attnft.commands; each module registers its own flags
 COMMANDS = {

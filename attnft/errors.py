@@ -1,60 +1,9 @@
-"""User-facing errors.
+"""The public path of the errors users can cause, kept for users' code: this module is :mod:`attnft.core.errors` itself.
 
-Anything a user can cause (a bad flag, a wrong file, a mismatched base, corrupt input)
-raises a subclass of :class:`AttnftError`. The CLI turns it into one line on stderr and
-exit code 2; everything else is a programming error and keeps its traceback.
+Nothing inside attnft imports it (import-linter's contracts in setup.cfg hold that).
 """
+import sys
 
+from .core import errors
 
-class AttnftError(Exception):
-    """Base class of errors a user can cause and fix."""
-
-
-class UnknownModelError(AttnftError):
-    """The model name is not a timm model, a hub id or a local path we can read."""
-
-
-class UnknownPolicyError(AttnftError):
-    """The policy name or a role in a policy spec is not known."""
-
-
-class NoAttentionError(AttnftError):
-    """The model has no attention weights, so attention policies make no sense."""
-
-
-class AdapterError(AttnftError):
-    """An adapter is missing, corrupt, incomplete or does not fit the model."""
-
-
-class BaseMismatchError(AdapterError):
-    """An adapter was trained on a different base model than the one given."""
-
-
-class StoreError(AttnftError):
-    """A store operation was refused (bad name, existing adapter, missing adapter)."""
-
-
-class DataError(AttnftError):
-    """A dataset, split or column cannot be found or read."""
-
-
-class ConfigError(AttnftError):
-    """A configuration or recipe value is invalid."""
-
-
-class OfflineError(AttnftError):
-    """A hub download was needed while offline."""
-
-
-class DivergedError(AttnftError):
-    """Training diverged (a loss or a trained weight became NaN or inf); nothing was saved."""
-
-
-class ReportedElsewhere(AttnftError):
-    """Raised on the other processes of a distributed run when the main process stopped it with a
-    user error: it exits with code 2 quietly, the main process prints the one line."""
-
-
-def first_line(error: BaseException, limit: int = 200) -> str:
-    """The first line of a library's error message (its type's name if it has none), for a one-line user error."""
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:limit]
+sys.modules[__name__] = errors

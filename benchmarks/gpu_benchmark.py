@@ -565,7 +565,7 @@ def main(argv=None) -> int:
     if plan.threads:
         torch.set_num_threads(plan.threads)
     if plan.device == "cuda":
-        from attnft.speed import enable_tf32
+        from attnft.training.speed import enable_tf32
 
         enable_tf32(plan.device)  # the fp32 matmuls left under autocast, as the runner will
         device_name = torch.cuda.get_device_name()

@@ -68,8 +68,8 @@ def run_one(table: int, policy: str, seed: int, settings: dict, workdir: Path) -
                 overwrite=True)
     code = (
         "import json, resource, sys, time\n"
-        "from attnft.config import FinetuneConfig\n"
-        "from attnft.runner import finetune\n"
+        "from attnft.training.config import FinetuneConfig\n"
+        "from attnft.training.runner import finetune\n"
         "spec = json.loads(sys.argv[1])\n"
         "t0 = time.perf_counter(); result = finetune(FinetuneConfig.from_dict(spec)); wall = time.perf_counter() - t0\n"
         "print('RESULT ' + json.dumps(dict(result.to_dict(), wall_s=wall, "

@@ -53,8 +53,8 @@ BASE = "vit_fmnist_patch4_28"
 def make_store(root: Path, count: int) -> None:
     from attnft.adapters import BaseSnapshot
     from attnft.models import create_model
-    from attnft.policy import apply_policy
-    from attnft.store import AdapterStore
+    from attnft.tuning.policy import apply_policy
+    from attnft.adapters.store import AdapterStore
 
     store = AdapterStore(root)
     base = create_model(BASE)
@@ -215,7 +215,7 @@ def model_ceiling(store: Path, tasks: list[str], batch: int, reps: int = 15) -> 
     median): how much batching can gain when nothing but the model costs."""
     from attnft.models import create_model
     from attnft.multitask import MultiTaskModel
-    from attnft.store import AdapterStore
+    from attnft.adapters.store import AdapterStore
 
     served = MultiTaskModel.from_store(AdapterStore(store), tasks, base_model=create_model(BASE))
     x = torch.randn(batch, 3, 28, 28)
@@ -250,7 +250,7 @@ def rss_child(store: str, kind: str, count: int) -> None:
     """In a fresh process: RSS above the imports of ``count`` tasks, on one backbone or as separate models."""
     from attnft.models import create_model
     from attnft.multitask import MultiTaskModel
-    from attnft.store import AdapterStore
+    from attnft.adapters.store import AdapterStore
 
     adapters = AdapterStore(store)
     names = adapters.names()[:count]

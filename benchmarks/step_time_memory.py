@@ -41,11 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from attnft.memory import enable_ffn_recompute, enable_grad_checkpointing, trace_cpu_memory
-from attnft.methods import parse_method
-from attnft.peft_methods import apply_peft_policy
-from attnft.policy import apply_policy
-from attnft.speed import maybe_compile
+from attnft.tuning.memory import enable_ffn_recompute, enable_grad_checkpointing, trace_cpu_memory
+from attnft.tuning.methods import parse_method
+from attnft.tuning.peft.model import apply_peft_policy
+from attnft.tuning.policy import apply_policy
+from attnft.training.speed import maybe_compile
 
 
 @dataclass(frozen=True)

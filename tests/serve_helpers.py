@@ -21,7 +21,7 @@ from attnft.adapters import BaseSnapshot
 from attnft.data import build_transforms, decode_image
 from attnft.models import create_model
 from attnft.multitask import MultiTaskModel
-from attnft.policy import apply_policy
+from attnft.tuning.policy import apply_policy
 
 BASE = "vit_fmnist_patch4_28"
 TOLERANCE = 1e-5  # fp32

@@ -20,9 +20,9 @@ from attnft.adapters import (
     save_adapter,
     verify_adapter,
 )
-from attnft.errors import AdapterError, BaseMismatchError, StoreError
-from attnft.merge import export_adapter
-from attnft.policy import apply_policy
+from attnft.core.errors import AdapterError, BaseMismatchError, StoreError
+from attnft.adapters.merge import export_adapter
+from attnft.tuning.policy import apply_policy
 from tiny_models import tiny_input, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def finetune(family="vit", steps=3, lr=1e-2, img_size=None, base_state=None):
         base_state = {k: v.clone() for k, v in tiny_model(family).state_dict().items()}
     model = tiny_model(family, **extra)
     if img_size:
-        from attnft.resolution import resample_state_dict
+        from attnft.models.resolution import resample_state_dict
 
         model.load_state_dict(resample_state_dict(base_state, model))
     else:
@@ -183,7 +183,7 @@ def test_fingerprint_is_the_same_in_another_process(tmp_path, trained_vit):
 
 
 def test_fingerprint_ignores_the_head_and_the_input_size(trained_vit):
-    from attnft.resolution import resample_state_dict
+    from attnft.models.resolution import resample_state_dict
 
     base_state = trained_vit[3]
     base = fresh_base("vit", base_state)

@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, BaseSnapshot
 from attnft.cli import main
-from attnft.policy import apply_policy
-from attnft.store import AdapterStore
+from attnft.tuning.policy import apply_policy
+from attnft.adapters.store import AdapterStore
 from tiny_models import tiny_input, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]

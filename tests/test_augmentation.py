@@ -3,8 +3,8 @@ import dataclasses
 
 import pytest
 
-from attnft.augmentation import AUG_LEVELS, LEVELS, auto_aug_level, resolve_aug
-from attnft.config import FinetuneConfig
+from attnft.core.augmentation import AUG_LEVELS, LEVELS, auto_aug_level, resolve_aug
+from attnft.training.config import FinetuneConfig
 
 
 @pytest.mark.parametrize("epochs, level", [
@@ -91,7 +91,7 @@ def test_resolve_aug_refuses_an_unknown_level():
     (dict(val_fraction=1.0), "val_fraction must be between 0 and 1"),
 ])
 def test_out_of_range_augmentation_values_are_config_errors(flags, message):
-    from attnft.errors import ConfigError
+    from attnft.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         FinetuneConfig(dataset="d", **flags)

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from attnft.checkpoints import latest_checkpoint
+from attnft.training.checkpoints import latest_checkpoint
 from attnft.cli import main
 from test_runner import finetune_args, tiny  # noqa: F401  (the fixture)
 

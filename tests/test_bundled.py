@@ -15,7 +15,7 @@ from attnft.bundled import BUNDLED_MODEL_28, BUNDLED_MODELS, bundled_facts, weig
 from attnft.data.fashion_mnist import (
     BUNDLED_DIR, DEBIAN_DIR, LABEL_NAMES, SPLIT_FILES, fashion_mnist_source, read_fashion_mnist, write_fashion_mnist,
 )
-from attnft.errors import DataError
+from attnft.core.errors import DataError
 
 # measured 90.5% on the sample's 1000 test images (see the bundled JSON); floor a little below
 SAMPLE_ACCURACY_FLOOR = 89.0

@@ -8,9 +8,9 @@ from PIL import Image
 
 from attnft.bundled import BUNDLED_MODEL_16, BUNDLED_MODEL_28, MEAN, STD, bundled_facts, weights_path
 from attnft.cli import main
-from attnft.config import DEFAULT_MODEL
+from attnft.training.config import DEFAULT_MODEL
 from attnft.data.fashion_mnist import BUNDLED_DIR, read_fashion_mnist
-from attnft.policy import apply_policy
+from attnft.tuning.policy import apply_policy
 
 SAMPLE_IMAGES = 1000  # the whole shipped test sample: on 200 the two differ by chance (87.5 and 91.0)
 

@@ -71,6 +71,6 @@ def test_its_timm_equivalent_is_the_same_model_under_a_name_plain_timm_registers
 
 
 def test_the_default_model_is_a_bundled_one_so_the_demo_runs_offline():
-    from attnft.config import DEFAULT_MODEL
+    from attnft.training.config import DEFAULT_MODEL
 
     assert DEFAULT_MODEL in bundled.BUNDLED_MODELS

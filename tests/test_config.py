@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from attnft.config import (
+from attnft.training.config import (
     DEFAULT_MODEL,
     FinetuneConfig,
     EvalConfig,
@@ -14,7 +14,7 @@ from attnft.config import (
     config_from_args,
     load_recipe,
 )
-from attnft.errors import ConfigError
+from attnft.core.errors import ConfigError
 
 RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
 
@@ -101,7 +101,7 @@ def test_to_dict_round_trips_as_a_recipe(tmp_path):
 
 
 def test_augmentation_flags_override_the_level_and_the_rest_come_from_it():
-    from attnft.augmentation import LEVELS
+    from attnft.core.augmentation import LEVELS
 
     config = parse(["--aug", "light", "--mixup", "0.8", "--mixup-mode", "pair", "--scale", "0.5", "1"])
     assert config.aug_config() == dataclasses.replace(LEVELS["light"], mixup=0.8, mixup_mode="pair", scale=(0.5, 1.0))
@@ -118,7 +118,7 @@ def test_the_demo_settings_are_the_same_built_in_python_or_from_a_dict():
 @pytest.mark.parametrize("word, value", [("true", True), ("Yes", True), ("on", True), ("1", True),
                                          ("false", False), ("NO", False), ("off", False), ("0", False)])
 def test_a_boolean_reads_the_same_words_in_a_recipe_and_in_a_policy_option(tmp_path, word, value):
-    from attnft.parsing import parse_bool
+    from attnft.core.parsing import parse_bool
 
     assert parse_bool(word) is value
     recipe = tmp_path / "r.yaml"
@@ -127,7 +127,7 @@ def test_a_boolean_reads_the_same_words_in_a_recipe_and_in_a_policy_option(tmp_p
 
 
 def test_a_word_that_is_no_boolean_is_refused():
-    from attnft.parsing import parse_bool
+    from attnft.core.parsing import parse_bool
 
     with pytest.raises(ValueError, match="not a boolean"):
         parse_bool("maybe")
@@ -138,7 +138,7 @@ def test_a_word_that_is_no_boolean_is_refused():
 @pytest.mark.parametrize("text, size", [("2GB", 2 * 10**9), ("512MB", 512 * 10**6), ("1.5G", 1_500_000_000),
                                         ("300KiB", 300 * 1024), ("1 MiB", 2**20), ("1048576", 1048576), ("10b", 10)])
 def test_a_size_reads_as_bytes(text, size):
-    from attnft.parsing import format_bytes, parse_bytes
+    from attnft.core.parsing import format_bytes, parse_bytes
 
     assert parse_bytes(text) == size
     assert parse_bytes(format_bytes(size).replace(" ", "")) == pytest.approx(size, rel=0.01)
@@ -146,7 +146,7 @@ def test_a_size_reads_as_bytes(text, size):
 
 @pytest.mark.parametrize("text", ["lots", "", "2XB", "-1GB", "0", "nanGB", "infMB", "0.5"])
 def test_a_word_that_is_no_size_is_refused(text):
-    from attnft.parsing import parse_bytes
+    from attnft.core.parsing import parse_bytes
 
     with pytest.raises(ValueError, match="size"):
         parse_bytes(text)
@@ -179,7 +179,7 @@ def test_recipes_cover_resolution_and_transfer_settings_of_the_paper():
 
 
 def test_the_demo_trains_on_fewer_images_above_224_px_unless_told():
-    from attnft.config import DEMO_HIGH_RES_MAX_TRAIN
+    from attnft.training.config import DEMO_HIGH_RES_MAX_TRAIN
 
     above, images = DEMO_HIGH_RES_MAX_TRAIN
     assert FinetuneConfig().max_train == 5000 and FinetuneConfig(res=above).max_train == 5000

@@ -27,7 +27,7 @@ from attnft.data import (
 )
 from attnft.data import fashion_mnist
 from attnft.data.presets import HUB
-from attnft.errors import ConfigError, DataError
+from attnft.core.errors import ConfigError, DataError
 
 COLORS = {"cat": (200, 30, 30), "dog": (30, 30, 200), "owl": (30, 200, 30)}
 
@@ -288,7 +288,7 @@ def test_the_bases_background_black_for_the_bundled_models_the_mean_for_others_a
 
 @pytest.mark.parametrize("spec", ["grey", "1,2", "1,2,256", "-1,0,0", ""])
 def test_a_bad_background_is_a_config_error(spec):
-    from attnft.config import FinetuneConfig
+    from attnft.training.config import FinetuneConfig
 
     with pytest.raises(ConfigError, match="background"):
         FinetuneConfig(background=spec)

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from attnft.cli import main
-from attnft.run_folder import MetricsLog
+from attnft.training.run_folder import MetricsLog
 from test_runner import (  # noqa: F401
     finetune_args,
     one_thread_and_private_caches,
@@ -131,7 +131,7 @@ def test_the_processes_accelerate_launch_was_asked_for_are_read_from_its_command
                                                                                                monkeypatch):
     import os
 
-    from attnft.processes import requested_processes
+    from attnft.training.processes import requested_processes
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "True")

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnft.distillation import DistillationLoss, TeacherInput, distillation_term, is_distilled_student
+from attnft.training.distillation import DistillationLoss, TeacherInput, distillation_term, is_distilled_student
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
 

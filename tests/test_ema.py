@@ -8,8 +8,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from attnft.cli import main
-from attnft.ema import TrainedEma
-from attnft.store import AdapterStore
+from attnft.training.ema import TrainedEma
+from attnft.adapters.store import AdapterStore
 from test_runner import _fails_cleanly, finetune_args, one_thread_and_private_caches, tiny  # noqa: F401
 
 QUIET = ["--no-eval-before", "--eval-every", "0", "--name", "run"]

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from attnft.cli import main
-from attnft.evaluate import evaluate
+from attnft.training.evaluate import evaluate
 from test_runner import one_thread_and_private_caches, write_color_folder, write_tiny_model  # noqa: F401  (fixture)
 
 LABELS = ["a", "b", "c", "d", "e", "f", "g"]

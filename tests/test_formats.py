@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnft.errors import AdapterError, ConfigError
-from attnft.formats import ATTNFT, PEFT, format_for, format_of, is_peft_adapter
-from attnft.store import AdapterStore
+from attnft.core.errors import AdapterError, ConfigError
+from attnft.adapters.formats import ATTNFT, PEFT, format_for, format_of, is_peft_adapter
+from attnft.adapters.store import AdapterStore
 from test_store import trained
 from tiny_models import tiny_input, tiny_model
 
@@ -27,7 +27,7 @@ def attnft_trained():
 
 @pytest.fixture(scope="module")
 def peft_trained():
-    from attnft.peft_methods import apply_peft_policy
+    from attnft.tuning.peft.model import apply_peft_policy
 
     torch.manual_seed(0)
     with warnings.catch_warnings():

@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 from attnft.cli import main
-from attnft.config import FinetuneConfig
-from attnft.parsing import base_type
-from attnft.store import AdapterStore
+from attnft.training.config import FinetuneConfig
+from attnft.core.parsing import base_type
+from attnft.adapters.store import AdapterStore
 from test_runner import (  # noqa: F401  (fixture)
     one_thread_and_private_caches,
     write_color_folder,

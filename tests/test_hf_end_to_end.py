@@ -16,9 +16,9 @@ from attnft.adapters import BaseSnapshot, load_adapter
 from attnft.cli import main
 from attnft.models import create_model
 from attnft.multitask import MultiTaskModel
-from attnft.peft_methods import apply_peft_policy
-from attnft.policy import apply_policy
-from attnft.store import AdapterStore
+from attnft.tuning.peft.model import apply_peft_policy
+from attnft.tuning.policy import apply_policy
+from attnft.adapters.store import AdapterStore
 from snippets import python_blocks, run_isolated, run_with_logits, uses_attnft
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,

@@ -14,10 +14,10 @@ import transformers
 from transformers import AutoModelForImageClassification, ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 from attnft.cli import main
-from attnft.errors import AdapterError, ConfigError, OfflineError, UnknownModelError
-from attnft.hf_models import patch_side, processor_data_config
+from attnft.core.errors import AdapterError, ConfigError, OfflineError, UnknownModelError
+from attnft.models.hf_models import patch_side, processor_data_config
 from attnft.models import create_model, data_config, patch_grid
-from attnft.peft_methods import apply_peft_policy
+from attnft.tuning.peft.model import apply_peft_policy
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
             patch_size=8, num_labels=3)
@@ -325,8 +325,8 @@ def test_an_exported_processor_crops_as_attnft_evaluated():
     """DeiT's processor resizes to 256 x 256 and crops 224: at 384 px the export resizes to 439 and crops 384."""
     from transformers import DeiTImageProcessor
 
-    from attnft.hf_export import export_processor
-    from attnft.hf_models import processor_data_config
+    from attnft.adapters.hf_export import export_processor
+    from attnft.models.hf_models import processor_data_config
 
     processor = DeiTImageProcessor().to_dict()
     data_config = processor_data_config(processor, 384)

@@ -6,8 +6,8 @@ from safetensors.torch import load_file
 from timm.optim import param_groups_layer_decay
 
 from attnft.cli import main
-from attnft.methods import parse_method
-from attnft.runner import warmup_cosine_schedule
+from attnft.tuning.methods import parse_method
+from attnft.training.runner import warmup_cosine_schedule
 from test_runner import finetune_args, one_thread_and_private_caches, tiny  # noqa: F401
 from tiny_models import tiny_model
 
@@ -119,7 +119,7 @@ def test_in_a_run_each_group_follows_the_schedule_at_its_scale_and_the_log_shows
                                                                                             monkeypatch, capsys):
     import timm.optim
 
-    from attnft.run_folder import MetricsLog
+    from attnft.training.run_folder import MetricsLog
 
     captured = {}
     real = timm.optim.create_optimizer_v2

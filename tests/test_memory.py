@@ -6,8 +6,8 @@ from collections import Counter
 import pytest
 import torch
 
-from attnft.errors import ConfigError
-from attnft.memory import (
+from attnft.core.errors import ConfigError
+from attnft.tuning.memory import (
     block_modules,
     disable_ffn_recompute,
     disable_grad_checkpointing,
@@ -18,7 +18,7 @@ from attnft.memory import (
     norm_modules,
     trace_cpu_memory,
 )
-from attnft.policy import apply_policy
+from attnft.tuning.policy import apply_policy
 from attnft.roles import Role, build_role_map
 from tiny_models import tiny_input, tiny_model
 

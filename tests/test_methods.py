@@ -10,9 +10,9 @@ from timm.optim import create_optimizer_v2
 from torch import nn
 
 from attnft.adapters import BaseSnapshot, compute_fingerprint
-from attnft.errors import UnknownPolicyError
-from attnft.methods import FreezingMethod, PeftPolicyMethod, parse_method
-from attnft.peft_methods import LoraOptions
+from attnft.core.errors import UnknownPolicyError
+from attnft.tuning.methods import FreezingMethod, PeftPolicyMethod, parse_method
+from attnft.tuning.peft.spec import LoraOptions
 from tiny_models import tiny_input, tiny_model
 
 
@@ -49,8 +49,8 @@ def test_parsing_imports_no_peft():
     """peft takes seconds to import: a typo is reported before, and a freezing policy never needs it."""
     code = (
         "import sys\n"
-        "from attnft.errors import UnknownPolicyError\n"
-        "from attnft.methods import parse_method\n"
+        "from attnft.core.errors import UnknownPolicyError\n"
+        "from attnft.tuning.methods import parse_method\n"
         "parse_method('attn+norm@0-1'), parse_method('lora+ffn:r=4')\n"
         "try:\n    parse_method('lora:rank=4')\nexcept UnknownPolicyError:\n    pass\n"
         "assert 'peft' not in sys.modules, 'peft was imported'\n"

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 
-from attnft.errors import AdapterError, ConfigError, OfflineError, UnknownModelError
+from attnft.core.errors import AdapterError, ConfigError, OfflineError, UnknownModelError
 from attnft.models import create_model, data_config, model_img_size, patch_grid, read_state_dict
 from tiny_models import TINY_MODELS
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from attnft.adapters import BaseSnapshot, load_adapter
-from attnft.errors import AdapterError, BaseMismatchError, ConfigError
+from attnft.core.errors import AdapterError, BaseMismatchError, ConfigError
 from attnft.multitask import MultiTaskModel, TaskWeights
-from attnft.policy import apply_policy
+from attnft.tuning.policy import apply_policy
 from attnft.roles import Role, build_role_map
-from attnft.store import AdapterStore
+from attnft.adapters.store import AdapterStore
 from tiny_models import TINY_MODELS, tiny_input, tiny_model
 
 FUSED = {"parallel_scaling"}  # attention and FFN in one weight

@@ -14,9 +14,9 @@ import pytest
 
 from attnft.adapters import save_adapter
 from attnft.cli import main
-from attnft.errors import StoreError
-from attnft.files import ADAPTER_FOLDER, EXPORT_FOLDER, write_text_atomically
-from attnft.store import AdapterStore
+from attnft.core.errors import StoreError
+from attnft.core.files import ADAPTER_FOLDER, EXPORT_FOLDER, write_text_atomically
+from attnft.adapters.store import AdapterStore
 from test_adapters_cli import assert_one_line_error, attnft, snapshot_tree, store, trained  # noqa: F401  (fixtures)
 
 

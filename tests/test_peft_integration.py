@@ -9,14 +9,17 @@ import torch
 from peft import PeftModel
 from torch import nn
 
-from attnft import peft_methods
+from attnft.adapters import peft_sidecar
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterConfig, BaseSnapshot
 from attnft.cli import main
-from attnft.errors import AdapterError, StoreError, UnknownPolicyError
+from attnft.core.errors import AdapterError, StoreError, UnknownPolicyError
 from attnft.multitask import MultiTaskModel
-from attnft.peft_methods import PeftAdapterInfo, PeftMultiTask, apply_peft_policy, is_peft_adapter
-from attnft.policy import Policy, apply_policy
-from attnft.store import AdapterStore
+from attnft.adapters.peft_sidecar import PeftAdapterInfo, is_peft_adapter
+from attnft.multitask import PeftMultiTask
+from attnft.tuning.peft.model import apply_peft_policy
+from attnft.tuning.peft.spec import PEFT_METHODS
+from attnft.tuning.policy import Policy, apply_policy
+from attnft.adapters.store import AdapterStore
 from tiny_models import tiny_input, tiny_model
 
 PEFT_TASKS = {"cars-lora": "lora:r=4,alpha=8", "pets-lora": "lora+ffn:r=2"}
@@ -90,7 +93,7 @@ def attnft(capsys, *argv):
 def test_a_peft_report_is_saved_in_peft_format_with_the_sidecar(store):
     path = store.path("cars-lora")
     assert is_peft_adapter(path) and store.format_name("cars-lora") == "peft"
-    assert {p.name for p in path.iterdir()} >= {CONFIG_FILE, WEIGHTS_FILE, peft_methods.SIDECAR_FILE}
+    assert {p.name for p in path.iterdir()} >= {CONFIG_FILE, WEIGHTS_FILE, peft_sidecar.SIDECAR_FILE}
     assert json.loads((path / CONFIG_FILE).read_text())["peft_type"] == "LORA"
     assert store.format_name(ATTNFT_TASK) == "attnft"
 
@@ -120,10 +123,10 @@ def test_read_config_and_verify_of_a_peft_adapter_return_its_sidecar(store):
 
 def test_show_of_a_peft_adapter_is_its_sidecar_with_its_files(store):
     info = store.show("cars-lora")
-    assert info["name"] == "cars-lora" and info["format"] == peft_methods.SIDECAR_FORMAT
+    assert info["name"] == "cars-lora" and info["format"] == peft_sidecar.SIDECAR_FORMAT
     assert info["method"] == "lora" and info["head_modules"] == ["head"]
     assert set(info["targets"].values()) == {"attention"} and len(info["targets"]) == 4  # qkv, proj of 2 blocks
-    assert peft_methods.SIDECAR_FILE in info["files"]
+    assert peft_sidecar.SIDECAR_FILE in info["files"]
 
 
 def test_load_returns_a_peft_model_with_the_trained_logits(store, trained):
@@ -232,7 +235,7 @@ def test_a_peft_adapter_with_a_non_finite_value_is_not_served(store, trained):
     data = bytearray(weights.read_bytes())
     data[-4:] = b"\x00\x00\x80\x7f"  # inf, and the sidecar's sha256 rewritten to match: only the value is off
     weights.write_bytes(bytes(data))
-    sidecar = store.path("cars-lora") / peft_methods.SIDECAR_FILE
+    sidecar = store.path("cars-lora") / peft_sidecar.SIDECAR_FILE
     info = json.loads(sidecar.read_text())
     info["weights_sha256"] = hashlib.sha256(bytes(data)).hexdigest()
     sidecar.write_text(json.dumps(info))
@@ -305,5 +308,5 @@ def test_the_unknown_policy_message_names_every_peft_method():
     with pytest.raises(UnknownPolicyError) as error:
         Policy.parse("nope")
     assert "choose one of attn, ffn, full, head" in str(error.value)
-    for method in peft_methods.PEFT_METHODS:
+    for method in PEFT_METHODS:
         assert method in str(error.value)

@@ -9,23 +9,15 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 
-from attnft.errors import AdapterError, BaseMismatchError, StoreError, UnknownPolicyError
-from attnft.peft_methods import (
-    IA3Options,
-    LoraOptions,
-    PeftMultiTask,
-    PeftPolicy,
-    adapted_modules,
-    apply_peft_policy,
-    is_peft_adapter,
-    load_peft_adapter,
-    param_groups,
-    read_peft_adapter,
-    save_peft_adapter,
-    verify_peft_adapter,
-)
-from attnft.peft_methods.targets import peft_target_modules
-from attnft.policy import apply_policy
+from attnft.core.errors import AdapterError, BaseMismatchError, StoreError, UnknownPolicyError
+from attnft.tuning.peft.spec import IA3Options, LoraOptions, PeftPolicy
+from attnft.multitask.peft_serving import PeftMultiTask
+from attnft.tuning.peft.targets import adapted_modules
+from attnft.tuning.peft.model import apply_peft_policy, param_groups
+from attnft.adapters.peft_sidecar import is_peft_adapter, read_peft_adapter
+from attnft.adapters.peft_files import load_peft_adapter, save_peft_adapter, verify_peft_adapter
+from attnft.tuning.peft.targets import peft_target_modules
+from attnft.tuning.policy import apply_policy
 from attnft.roles import Role, build_role_map
 from test_roles_transformers import FAMILIES as TRANSFORMERS_FAMILIES
 from tiny_models import TINY_MODELS, tiny_input, tiny_model

@@ -3,8 +3,8 @@ import pytest
 import timm
 import torch
 
-from attnft.errors import NoAttentionError, UnknownPolicyError
-from attnft.policy import Policy, apply_policy
+from attnft.core.errors import NoAttentionError, UnknownPolicyError
+from attnft.tuning.policy import Policy, apply_policy
 from attnft.roles import Role, build_role_map
 from tiny_models import TINY_MODELS, tiny_input, tiny_model
 

@@ -6,9 +6,9 @@ import time
 import pytest
 
 from attnft.cli import main
-from attnft.config import FinetuneConfig
-from attnft.errors import ConfigError
-from attnft.parsing import load_recipe
+from attnft.training.config import FinetuneConfig
+from attnft.core.errors import ConfigError
+from attnft.core.parsing import load_recipe
 
 LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
     f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))

@@ -1,4 +1,4 @@
-"""attnft.resolution: position tensors resampled to a model built at another resolution."""
+"""attnft.models.resolution: position tensors resampled to a model built at another resolution."""
 import sys
 
 import pytest
@@ -6,8 +6,8 @@ import timm
 import torch
 from timm.layers import resample_abs_pos_embed
 
-from attnft.errors import ConfigError
-from attnft.resolution import check_img_size, required_multiple, resample_state_dict
+from attnft.core.errors import ConfigError
+from attnft.models.resolution import check_img_size, required_multiple, resample_state_dict
 from tiny_models import TINY_MODELS, tiny_model
 
 

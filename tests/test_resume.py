@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from attnft.cli import main
-from attnft.checkpoints import latest_checkpoint
-from attnft.run_folder import MetricsLog
+from attnft.training.checkpoints import latest_checkpoint
+from attnft.training.run_folder import MetricsLog
 from test_runner import (  # noqa: F401
     finetune_args,
     one_thread_and_private_caches,

@@ -15,10 +15,10 @@ import torch
 from PIL import Image
 
 from attnft.cli import main
-from attnft.config import FinetuneConfig
-from attnft.results import default_adapter_name
-from attnft.run_folder import MetricsLog
-from attnft.runner import finetune, warmup_cosine_schedule
+from attnft.training.config import FinetuneConfig
+from attnft.training.results import default_adapter_name
+from attnft.training.run_folder import MetricsLog
+from attnft.training.runner import finetune, warmup_cosine_schedule
 
 TINY_ARGS = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
 COLORS = {"red": (200, 40, 40), "green": (40, 200, 40), "blue": (40, 40, 200), "grey": (128, 128, 128)}
@@ -284,7 +284,7 @@ def _frozen_region_hooks() -> list:
     """The policy's post-step restores registered for every optimizer of this process (torch keeps them global)."""
     from torch.optim.optimizer import _global_optimizer_post_hooks
 
-    from attnft.policy import _RestoreFrozenRegions
+    from attnft.tuning.policy import _RestoreFrozenRegions
 
     return [h for h in _global_optimizer_post_hooks.values() if isinstance(h, _RestoreFrozenRegions)]
 
@@ -293,9 +293,9 @@ def test_finetune_leaves_no_global_optimizer_hook_whether_it_returns_or_raises(t
     import timm
     from timm.models._hub import save_for_hf
 
-    from attnft.errors import ConfigError
+    from attnft.core.errors import ConfigError
     from attnft.models import create_model
-    from attnft.policy import apply_policy
+    from attnft.tuning.policy import apply_policy
 
     # ParallelScalingBlock fuses qkv with the FFN's fc1: "attn" splits that tensor, which installs the hook
     args = dict(TINY_ARGS, num_classes=3)
@@ -438,7 +438,7 @@ def test_output_dir_of_another_run_is_refused_without_resume_or_overwrite(previo
 
 def test_a_policy_typo_is_the_first_thing_refused(tmp_path):
     """Before the Accelerator is built and its own checks run (fp16 on the CPU would be refused too)."""
-    from attnft.errors import UnknownPolicyError
+    from attnft.core.errors import UnknownPolicyError
 
     with pytest.raises(UnknownPolicyError, match="atn"):
         finetune(FinetuneConfig(policy="atn", precision="fp16", cpu=True, store=str(tmp_path / "store"),
@@ -459,8 +459,8 @@ def test_peft_policy_finetunes_into_peft_format_that_attnft_eval_and_plain_peft_
     from peft import PeftModel
 
     from attnft.models import create_model
-    from attnft.formats import is_peft_adapter
-    from attnft.store import AdapterStore
+    from attnft.adapters.formats import is_peft_adapter
+    from attnft.adapters.store import AdapterStore
 
     model, data = tiny
     assert main(finetune_args(model, data, tmp_path, "--policy", policy, "--epochs", "3", "--lr", "1e-2",

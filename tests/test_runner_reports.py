@@ -5,7 +5,7 @@ import os
 import pytest
 
 from attnft.cli import main
-from attnft.run_folder import MetricsLog
+from attnft.training.run_folder import MetricsLog
 from test_runner import (  # noqa: F401  (fixtures)
     finetune_args,
     one_thread_and_private_caches,
@@ -69,9 +69,9 @@ def test_every_run_prints_its_estimated_time_from_a_measured_step(tiny, tmp_path
 
 
 def test_a_long_estimate_gets_a_hint_on_how_to_shorten_the_run(tiny, tmp_path, capsys, monkeypatch):
-    import attnft.step_clock
+    import attnft.training.step_clock
 
-    monkeypatch.setattr(attnft.step_clock, "LONG_RUN_CPU_S", 0.0)  # every run is "long"
+    monkeypatch.setattr(attnft.training.step_clock, "LONG_RUN_CPU_S", 0.0)  # every run is "long"
     model, data = tiny
     assert main(finetune_args(model, data, tmp_path, "--steps", "2")) == 0
     hints = [line for line in capsys.readouterr().out.splitlines() if line.startswith("hint:")]

@@ -21,9 +21,9 @@ import torch
 from PIL import Image
 
 from attnft.cli import main
-from attnft.divergence import LossWindow
-from attnft.processes import new_accelerator
-from attnft.run_folder import LOCK_FILE, MetricsLog
+from attnft.training.divergence import LossWindow
+from attnft.training.processes import new_accelerator
+from attnft.training.run_folder import LOCK_FILE, MetricsLog
 from test_runner import (  # noqa: F401  (fixtures)
     _fails_cleanly,
     _snapshot,
@@ -350,7 +350,7 @@ def test_an_unknown_train_interpolation_is_refused_naming_timms(previous_run, tm
 def test_the_known_interpolations_are_timms():
     from timm.data.transforms import _str_to_pil_interpolation  # the names str_to_interp_mode takes
 
-    from attnft.config import INTERPOLATIONS
+    from attnft.training.config import INTERPOLATIONS
 
     assert set(INTERPOLATIONS) == set(_str_to_pil_interpolation) | {"random"}
 

@@ -2,7 +2,7 @@
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from attnft.seeding import RepeatedAugmentationSampler, SeededAugmentation
+from attnft.training.seeding import RepeatedAugmentationSampler, SeededAugmentation
 
 
 class Noise(Dataset):

@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from attnft.cli import main
-from attnft.files import WEIGHTS_FILE
+from attnft.core.files import WEIGHTS_FILE
 from attnft.models import create_model
-from attnft.store import AdapterStore
+from attnft.adapters.store import AdapterStore
 from serve_helpers import (
     BASE, REQUEST_TIMEOUT_S, ROOT, Offline, Server, assert_equal_to_offline, in_background, png, png_header,
     save_attn_adapter, save_lora_adapter,

@@ -15,11 +15,11 @@ from timm.models._hub import save_for_hf
 from attnft.adapters import BaseSnapshot
 from attnft.bundled import BUNDLED_MODEL_28, BUNDLED_MODEL_224, LABEL_NAMES, weights_path
 from attnft.cli import main
-from attnft.merge import create_base
+from attnft.adapters.merge import create_base
 from attnft.models import create_model
-from attnft.peft_methods import apply_peft_policy
-from attnft.policy import apply_policy
-from attnft.store import AdapterStore
+from attnft.tuning.peft.model import apply_peft_policy
+from attnft.tuning.policy import apply_policy
+from attnft.adapters.store import AdapterStore
 from snippets import indented_block, python_blocks, run_isolated, run_with_logits, uses_attnft
 
 TINY_ARGS = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)

@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from attnft import speed
-from attnft.memory import enable_ffn_recompute
-from attnft.policy import apply_policy
-from attnft.speed import (
+from attnft.training import speed
+from attnft.tuning.memory import enable_ffn_recompute
+from attnft.tuning.policy import apply_policy
+from attnft.training.speed import (
     adamw_kwargs,
     default_workers,
     enable_tf32,

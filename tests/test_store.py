@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, BaseSnapshot
-from attnft.errors import AdapterError, OfflineError, StoreError
-from attnft.files import FolderKind, write_directory_atomically
-from attnft.policy import apply_policy
-from attnft.store import AdapterStore, check_name
+from attnft.core.errors import AdapterError, OfflineError, StoreError
+from attnft.core.files import FolderKind, write_directory_atomically
+from attnft.tuning.policy import apply_policy
+from attnft.adapters.store import AdapterStore, check_name
 from tiny_models import tiny_input, tiny_model
 
 
@@ -214,8 +214,8 @@ def test_hub_errors_make_an_invalid_repo_id_the_caller_s_error_and_an_offline_hu
     from huggingface_hub.errors import OfflineModeIsEnabled
     from huggingface_hub.utils import validate_repo_id
 
-    from attnft.errors import UnknownModelError
-    from attnft.hub import hub_errors
+    from attnft.core.errors import UnknownModelError
+    from attnft.core.hub import hub_errors
 
     with pytest.raises(UnknownModelError, match="^model a//b: not found on the hub"):
         with hub_errors("model a//b", missing=UnknownModelError):
@@ -247,7 +247,7 @@ def _save_forever(root: str, trained_model, writing, saves) -> None:
 def test_sigkill_at_random_moments_never_leaves_an_adapter_that_fails_verify(tmp_path):
     # a fork server imports torch once; each child forks from it in milliseconds and is SIGKILLed
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "timm", "safetensors.torch", "huggingface_hub", "attnft.store", "test_store"])
+    context.set_forkserver_preload(["torch", "timm", "safetensors.torch", "huggingface_hub", "attnft.adapters.store", "test_store"])
     store = AdapterStore(tmp_path / "store")
     trained_model = trained(embed_dim=64, depth=4)[:3]  # sent to each child (pickled), so it starts saving at once
     rng = random.Random(0)

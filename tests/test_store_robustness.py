@@ -23,12 +23,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from attnft import files as files_module
+from attnft.core import files as files_module
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, load_adapter, save_adapter
 from attnft.cli import main
-from attnft.errors import AdapterError, BaseMismatchError, StoreError
-from attnft.merge import export_adapter
-from attnft.store import STALE_AFTER_S, AdapterStore
+from attnft.core.errors import AdapterError, BaseMismatchError, StoreError
+from attnft.adapters.merge import export_adapter
+from attnft.adapters.store import STALE_AFTER_S, AdapterStore
 from test_store import trained as train_tiny
 from tiny_models import tiny_model
 
@@ -54,7 +54,7 @@ def store(tmp_path, trained):
 @pytest.fixture(scope="module")
 def peft_trained():
     """A tiny ViT with 4 classes wrapped by lora: (peft_model, report)."""
-    from attnft.peft_methods import apply_peft_policy
+    from attnft.tuning.peft.model import apply_peft_policy
 
     torch.manual_seed(0)
     with warnings.catch_warnings():

@@ -8,8 +8,8 @@ import pytest
 
 from attnft.adapters import CONFIG_FILE
 from attnft.cli import main
-from attnft.errors import AdapterError, AttnftError
-from attnft.store import AdapterStore
+from attnft.core.errors import AdapterError, AttnftError
+from attnft.adapters.store import AdapterStore
 from test_adapters_cli import trained  # noqa: F401  (the fixture: a tiny ViT, 4 classes, one step of attn)
 from tiny_models import tiny_model
 

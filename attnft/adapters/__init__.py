@@ -4,9 +4,9 @@ An adapter is a folder of three files::
 
     adapter_config.json        AdapterConfig: what was trained, on which base, at which size; the weights' sha256
     adapter_model.safetensors  the trained part of each trainable tensor (values, or deltas from the base)
-    README.md                  a Hugging Face model card (:mod:`attnft.cards`), so the folder can be pushed to a hub repo as it is
+    README.md                  a Hugging Face model card (:mod:`attnft.adapters.cards`), so the folder can be pushed to a hub repo as it is
 
-Identity. The config holds the base's :func:`attnft.fingerprint.compute_fingerprint`, taken before
+Identity. The config holds the base's :func:`attnft.tuning.fingerprint.compute_fingerprint`, taken before
 training; it leaves out the head and the grid-sized position tables, so it does not depend on the
 input size. Tensors outside the fingerprint are always stored as exact values, since a delta
 against them would have nothing to resolve against.
@@ -24,7 +24,7 @@ at. :func:`load_adapter` onto a base created at another size first calls timm's
 tables over the resampled ones. Models that take any size (PVTv2) need nothing; other models
 without ``set_input_size`` must be created at the adapter's ``input_size``, and loading says so.
 
-Safety. Files are written atomically (:func:`attnft.files.write_directory_atomically`), so a
+Safety. Files are written atomically (:func:`attnft.core.files.write_directory_atomically`), so a
 reader sees the old adapter or the new one, never a half-written one. Reading checks the
 header, the size and the sha256 against the config before any tensor is parsed, and never
 unpickles. A tensor holding NaN or inf is never saved, and reading or verifying refuses one.
@@ -33,8 +33,8 @@ Layout: :mod:`.config` (the JSON and the adapter in memory), :mod:`.save`, :mod:
 (and verify), :mod:`.load`, :mod:`.base` (what is recorded to create the base again). The
 fingerprint, the card and the atomic writes are re-exported here from their own modules.
 """
-from ..cards import model_card
-from ..files import (
+from .cards import model_card
+from ..core.files import (
     io_error,
     nearest_existing,
     remove_directory_atomically,
@@ -42,7 +42,7 @@ from ..files import (
     sha256_file,
     write_directory_atomically,
 )
-from ..fingerprint import BaseSnapshot, compute_fingerprint, unfingerprinted_names
+from ..tuning.fingerprint import BaseSnapshot, compute_fingerprint, unfingerprinted_names
 from .base import base_model_args, base_model_name, current_input_size, default_data_config, jsonable
 from .config import CARD_FILE, CONFIG_FILE, DELTA_DTYPES, FORMAT, FORMAT_VERSION, MODES, WEIGHTS_FILE, Adapter, AdapterConfig
 from .load import expected_tensors, load_adapter

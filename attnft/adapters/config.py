@@ -9,10 +9,10 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..checks import FLOAT_DTYPES, MAX_CLASSES, MAX_INPUT_SIDE, Fields
-from ..errors import AdapterError, AttnftError
-from ..files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE  # noqa: F401  (re-exported: the adapter format's files)
-from ..policy import Policy
+from ..core.checks import FLOAT_DTYPES, MAX_CLASSES, MAX_INPUT_SIDE, Fields
+from ..core.errors import AdapterError, AttnftError
+from ..core.files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE  # noqa: F401  (re-exported: the adapter format's files)
+from ..tuning.policy import Policy
 from ..roles import Region, Role, is_bias, parse_role
 
 FORMAT = "attnft-adapter"

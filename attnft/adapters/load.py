@@ -7,11 +7,11 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from ..errors import AdapterError, BaseMismatchError
-from ..files import PathLike
-from ..fingerprint import compute_fingerprint, unfingerprinted_names
-from ..methods import parse_method
-from ..policy import resolve_policy
+from ..core.errors import AdapterError, BaseMismatchError
+from ..core.files import PathLike
+from ..tuning.fingerprint import compute_fingerprint, unfingerprinted_names
+from ..tuning.methods import parse_method
+from ..tuning.policy import resolve_policy
 from ..roles import Region, RoleMap, build_role_map
 from .base import current_input_size
 from .config import Adapter, AdapterConfig, region_from_json
@@ -85,7 +85,7 @@ def load_adapter(
 
 def expected_tensors(role_map: RoleMap, policy: str) -> dict[str, Optional[Region]]:
     """What freezing policy ``policy`` trains on a model with ``role_map``: name -> None (whole) or the
-    trained region; :meth:`attnft.policy.Policy.select`, the selection training makes."""
+    trained region; :meth:`attnft.tuning.policy.Policy.select`, the selection training makes."""
     return resolve_policy(policy).select(role_map)
 
 

@@ -8,8 +8,8 @@ from typing import Mapping, Optional
 
 import torch
 
-from ..errors import AdapterError, first_line
-from ..files import PathLike, sha256_file
+from ..core.errors import AdapterError, first_line
+from ..core.files import PathLike, sha256_file
 from ..roles import Role, is_weight
 from .config import CONFIG_FILE, WEIGHTS_FILE, Adapter, AdapterConfig, stored_shape
 

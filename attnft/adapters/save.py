@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from .. import __version__
-from ..cards import model_card
-from ..errors import AdapterError, ConfigError, StoreError
-from ..files import ADAPTER_FOLDER, PathLike, sha256_file, write_directory_atomically
-from ..fingerprint import BaseSnapshot, fingerprint_at_start, unfingerprinted_names
-from ..policy import PolicyReport
+from .cards import model_card
+from ..core.errors import AdapterError, ConfigError, StoreError
+from ..core.files import ADAPTER_FOLDER, PathLike, sha256_file, write_directory_atomically
+from ..tuning.fingerprint import BaseSnapshot, fingerprint_at_start, unfingerprinted_names
+from ..tuning.policy import PolicyReport
 from .base import base_model_args, base_model_name, current_input_size, default_data_config, jsonable, timm_version
 from .config import CARD_FILE, CONFIG_FILE, DELTA_DTYPES, FORMAT, MODES, WEIGHTS_FILE, AdapterConfig, region_to_json
 from .read import check_finite

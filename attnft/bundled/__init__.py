@@ -17,7 +17,7 @@ patch size) resamples ``pos_embed`` bicubically, as for any timm ViT.
 
 Plain timm, without attnft, knows no such name: :data:`TIMM_EQUIVALENTS` says which timm
 architecture and arguments build the same model, for exports and model cards
-(:mod:`attnft.plain_timm`). ``<name>.json`` next to the weights records how they were made and
+(:mod:`attnft.models.plain_timm`). ``<name>.json`` next to the weights records how they were made and
 what they score.
 """
 import json

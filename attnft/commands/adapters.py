@@ -70,7 +70,7 @@ def add_parser(subparsers) -> None:
 
 
 def _store(args):
-    from ..store import AdapterStore
+    from ..adapters.store import AdapterStore
 
     return AdapterStore(args.store)
 
@@ -142,7 +142,7 @@ _PRINT_SHOW = {"attnft": _print_attnft_show, "peft": _print_peft_show}  # by for
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from ..errors import AdapterError, AttnftError
+    from ..core.errors import AdapterError, AttnftError
 
     store = _store(args)
     names = args.names or store.names()
@@ -185,8 +185,8 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from .. import merge
-    from ..errors import AdapterError
+    from ..adapters import merge
+    from ..core.errors import AdapterError
 
     store = _store(args)
     _check_outside_store(Path(args.out), store.root)
@@ -206,7 +206,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 def _check_outside_store(out: Path, root: Path) -> None:
     """An export never goes into the store, nor replaces it or a folder holding it: it is no adapter."""
-    from ..errors import StoreError
+    from ..core.errors import StoreError
 
     out, root = out.resolve(), root.resolve()
     where = "is the store" if out == root else "is inside the store" if root in out.parents else "holds the store" if out in root.parents else None

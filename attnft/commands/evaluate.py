@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..config import DEFAULT_MODEL, EvalConfig, add_config_arguments, config_from_args
+from ..training.config import DEFAULT_MODEL, EvalConfig, add_config_arguments, config_from_args
 
 
 def add_parser(subparsers) -> None:
@@ -34,11 +34,11 @@ def run(args: argparse.Namespace) -> int:
     report = evaluate_model(config)
     if not PartialState().is_main_process:  # under torchrun / accelerate launch every process has the numbers
         return 0
-    from ..evaluate import strict_json
+    from ..training.evaluate import strict_json
 
     text = strict_json(report, indent=2) + "\n"
     if config.output:
-        from ..files import write_text_atomically
+        from ..core.files import write_text_atomically
 
         check_output_file(config.output, config.overwrite)  # still free: another command may have written it
         write_text_atomically(Path(config.output), text, "the evaluation JSON")
@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
 def check_output_file(output: str, overwrite: bool) -> None:
     """ConfigError unless ``output`` can take the JSON: not a folder, its folder there, not a file already
     (without ``overwrite``)."""
-    from ..errors import ConfigError
-    from ..files import check_replaceable_file
+    from ..core.errors import ConfigError
+    from ..core.files import check_replaceable_file
 
     path = Path(output)
     if path.is_dir():
@@ -77,11 +77,11 @@ def evaluate_model(cfg: EvalConfig) -> dict:
 
     from .. import bundled  # noqa: F401  registers the default model in timm
     from ..data import build_transforms, collate_skipping_failures, load_task, quiet_datasets, with_transform
-    from ..errors import ConfigError
-    from ..evaluate import evaluate
-    from ..formats import find_adapter
+    from ..core.errors import ConfigError
+    from ..training.evaluate import evaluate
+    from ..adapters.store import find_adapter
     from ..models import create_model, data_config
-    from ..processes import check_precision, new_accelerator
+    from ..training.processes import check_precision, new_accelerator
 
     accelerator = new_accelerator(cpu=cfg.cpu, mixed_precision=cfg.precision)
     check_precision(cfg.precision, accelerator)
@@ -134,7 +134,7 @@ def evaluate_model(cfg: EvalConfig) -> dict:
 
 def _max_eval(cfg: EvalConfig):
     # the default dataset is evaluated on the same subset finetune uses for it
-    from ..config import DEFAULT_DATASET_MAX_EVAL
+    from ..training.config import DEFAULT_DATASET_MAX_EVAL
 
     if cfg.max_eval is None and cfg.dataset is None and cfg.data_dir is None:
         return DEFAULT_DATASET_MAX_EVAL

@@ -10,12 +10,12 @@
     accelerate launch --multi_gpu --num_processes N -m attnft finetune ...
     torchrun --standalone --nproc_per_node N -m attnft finetune ...
 
-Every flag is a field of :class:`attnft.config.FinetuneConfig`; ``--recipe FILE`` fills them
+Every flag is a field of :class:`attnft.training.config.FinetuneConfig`; ``--recipe FILE`` fills them
 from YAML first.
 """
 import argparse
 
-from ..config import FinetuneConfig, add_config_arguments, config_from_args
+from ..training.config import FinetuneConfig, add_config_arguments, config_from_args
 
 
 def add_parser(subparsers) -> None:
@@ -30,7 +30,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runner import finetune
+    from ..training.runner import finetune
 
     config = config_from_args(FinetuneConfig, args)
     finetune(config)

@@ -15,7 +15,7 @@ import sys
 import warnings
 
 from ..multitask.config import ServeConfig
-from ..parsing import add_config_arguments, config_from_args
+from ..core.parsing import add_config_arguments, config_from_args
 
 # the serve extra: distribution -> the modules that provide it (python-multipart renamed its module)
 SERVE_EXTRA = {"uvicorn": ("uvicorn",), "starlette": ("starlette",), "prometheus_client": ("prometheus_client",),
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_extra() -> None:
-    from ..errors import ConfigError
+    from ..core.errors import ConfigError
 
     missing = [name for name, modules in SERVE_EXTRA.items()
                if not any(importlib.util.find_spec(module) for module in modules)]
@@ -83,7 +83,7 @@ def _check_extra() -> None:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    from ..errors import ConfigError
+    from ..core.errors import ConfigError
 
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)

@@ -11,7 +11,7 @@ import zlib
 
 import numpy as np
 
-from ..errors import DataError
+from ..core.errors import DataError
 
 DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 BUNDLED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bundled", "fashion-mnist-sample")

@@ -18,7 +18,7 @@ from pathlib import Path
 import datasets
 import pyarrow as pa
 
-from ..files import remove_entry
+from ..core.files import remove_entry
 from .folders import FolderIndex, Listing
 
 logger = logging.getLogger(__name__)

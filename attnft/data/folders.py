@@ -25,7 +25,7 @@ from datasets.packaged_modules.imagefolder.imagefolder import IMAGE_EXTENSIONS a
 from datasets.table import InMemoryTable, table_cast
 from fsspec.utils import glob_translate
 
-from ..errors import DataError
+from ..core.errors import DataError
 
 IMAGE_EXTENSIONS = frozenset(_EXTENSIONS)
 SPLIT_FOLDER_NAMES = frozenset(name for names in SPLIT_KEYWORDS.values() for name in names)

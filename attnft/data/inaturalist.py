@@ -20,7 +20,7 @@ import pyarrow as pa
 from datasets import ClassLabel, Dataset, Features, Image, IterableDataset
 from datasets.packaged_modules.imagefolder.imagefolder import IMAGE_EXTENSIONS
 
-from ..errors import DataError
+from ..core.errors import DataError
 from .folders import image_path_dataset
 
 _EXTENSIONS = frozenset(IMAGE_EXTENSIONS)

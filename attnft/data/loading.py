@@ -17,7 +17,7 @@ import numpy as np
 from datasets import ClassLabel, Image, IterableDataset, Value
 from datasets.utils.stratify import stratified_shuffle_split_generate_indices
 
-from ..errors import DataError
+from ..core.errors import DataError
 from .images import ArrayRows, ImageClassificationDataset, ImageClassificationIterable
 from .presets import PRESETS
 from .sources import Loaded, is_hub_id, load_hub, load_local, load_preset, looks_like_path

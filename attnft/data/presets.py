@@ -8,7 +8,7 @@ repo, or a ``save_to_disk`` directory) with the same columns and splits.
 """
 from dataclasses import dataclass
 
-from ..errors import DataError
+from ..core.errors import DataError
 
 # layouts: how the files of a preset are read
 HUB = "hub"                       # a hub repo (or a local copy of it) read by `datasets`

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import datasets
 from datasets import ClassLabel, Dataset, DatasetDict
 
-from ..errors import DataError
+from ..core.errors import DataError
 from . import fashion_mnist, folder_cache, folders, inaturalist
 from .images import ArrayRows
 from .presets import FASHION_MNIST, HUB, INAT_FOLDERS, INAT_JSON, PRESETS, DatasetPreset

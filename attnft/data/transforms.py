@@ -15,8 +15,8 @@ from timm.data import auto_augment, create_transform
 from timm.data.mixup import mixup_target
 from torch.utils.data import Dataset, IterableDataset
 
-from ..augmentation import AugConfig
-from ..errors import ConfigError
+from ..core.augmentation import AugConfig
+from ..core.errors import ConfigError
 from .images import WHITE, ImageClassificationDataset, ImageClassificationIterable, flatten
 
 

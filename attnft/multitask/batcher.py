@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
-from ..errors import first_line
+from ..core.errors import first_line
 from .catalog import TaskEntry
 from .pager import Acquired, AdapterPager
 

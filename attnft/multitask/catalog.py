@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..errors import AttnftError, ConfigError, StoreError
-from ..files import CONFIG_FILE, WEIGHTS_FILE
-from ..formats import format_of
-from ..store import MAX_NAME_LENGTH, NAME_PATTERN, check_name
+from ..core.errors import AttnftError, ConfigError, StoreError
+from ..core.files import CONFIG_FILE, WEIGHTS_FILE
+from ..adapters.formats import format_of
+from ..adapters.store import MAX_NAME_LENGTH, NAME_PATTERN, check_name
 
 Signature = tuple  # (inode, mtime_ns, size) of the folder, its config and its weights
 

@@ -2,7 +2,7 @@
 
 Kept free of torch, timm and the HTTP libraries, so that building the command line stays fast
 and ``attnft --help`` never needs the ``serve`` extra. Sizes are text (``2GB``, ``512MB``) read
-by :func:`attnft.parsing.parse_bytes` once, here: :attr:`ServeConfig.memory_budget_bytes` and
+by :func:`attnft.core.parsing.parse_bytes` once, here: :attr:`ServeConfig.memory_budget_bytes` and
 :attr:`ServeConfig.max_body_bytes` are what the server receives.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..errors import ConfigError
-from ..parsing import coerce_fields, parse_bytes
+from ..core.errors import ConfigError
+from ..core.parsing import coerce_fields, parse_bytes
 
 PRECISIONS = ("no", "bf16", "fp16")
 MAX_WAIT_MS = 10_000.0  # beyond this a lone request waits longer than any client would

@@ -30,7 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import first_line
+from ..core.errors import first_line
 from .batcher import Answer, Job
 from .catalog import TaskEntry, UnknownTask
 from .inputs import RequestError, check_top_k, parse_json_body

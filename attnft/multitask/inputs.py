@@ -19,7 +19,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from ..data import build_transforms, decode_image
-from ..errors import first_line
+from ..core.errors import first_line
 
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF", "PPM")
 DEFAULT_TOP_K = 5

@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from ..adapters import Adapter, current_input_size, read_adapter
-from ..fingerprint import compute_fingerprint
-from ..errors import AdapterError, BaseMismatchError
-from ..peft_methods.sidecar import PeftAdapterInfo, is_peft_adapter
+from ..tuning.fingerprint import compute_fingerprint
+from ..core.errors import AdapterError, BaseMismatchError
+from ..adapters.peft_sidecar import PeftAdapterInfo, is_peft_adapter
 from ..roles import RoleMap, build_role_map
 from . import routing
 from .routing import Group, Route
@@ -86,7 +86,7 @@ class MultiTaskModel(TaskServer[ServedTask]):
 
     @classmethod
     def from_store(cls, store, names: Iterable[str], *, base_model: nn.Module) -> Union["MultiTaskModel", "PeftMultiTask"]:
-        """Serve the adapters ``names`` of an :class:`attnft.store.AdapterStore` on ``base_model``.
+        """Serve the adapters ``names`` of an :class:`attnft.adapters.store.AdapterStore` on ``base_model``.
 
         When every one is a peft adapter, a :class:`attnft.multitask.peft_serving.PeftMultiTask` (same
         calls) serves them; a mix of formats is an AdapterError.

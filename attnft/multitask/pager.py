@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import nn
 
-from ..errors import AttnftError, first_line
-from ..parsing import format_bytes
+from ..core.errors import AttnftError, first_line
+from ..core.parsing import format_bytes
 from .catalog import BaseKey, StoreCatalog, TaskEntry, UnknownTask
 
 if TYPE_CHECKING:

@@ -20,13 +20,14 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import ModulesToSaveWrapper
 from torch import nn
 
-from ..errors import AdapterError
-from ..files import CONFIG_FILE, WEIGHTS_FILE
-from ..fingerprint import compute_fingerprint
-from ..formats import PEFT
-from ..peft_methods.files import check_base, load_peft_adapter
-from ..peft_methods.sidecar import PeftAdapterInfo, unprefixed
-from ..peft_methods.spec import PEFT_METHODS
+from ..core.errors import AdapterError
+from ..core.files import CONFIG_FILE, WEIGHTS_FILE
+from ..tuning.fingerprint import compute_fingerprint
+from ..adapters.formats import PEFT
+from ..adapters.peft_files import check_base, load_peft_adapter
+from ..adapters.peft_sidecar import PeftAdapterInfo
+from ..tuning.peft.names import unprefixed
+from ..tuning.peft.spec import PEFT_METHODS
 from ..roles import join_name
 from .serving import TaskServer
 
@@ -62,7 +63,7 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
 
     @classmethod
     def from_store(cls, store, names: Sequence[str], *, base_model: nn.Module) -> "PeftMultiTask":
-        """Serve the peft adapters ``names`` of an :class:`attnft.store.AdapterStore` on ``base_model``."""
+        """Serve the peft adapters ``names`` of an :class:`attnft.adapters.store.AdapterStore` on ``base_model``."""
         return cls.from_adapters(base_model, {name: store.path(name) for name in names})
 
     def add_task(self, name: str, path: Union[str, os.PathLike]) -> PeftAdapterInfo:

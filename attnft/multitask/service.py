@@ -14,8 +14,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..errors import ConfigError
-from ..parsing import format_bytes
+from ..core.errors import ConfigError
+from ..core.parsing import format_bytes
 from .batcher import Batcher
 from .catalog import StoreCatalog, TaskEntry
 from .config import ServeConfig
@@ -31,7 +31,7 @@ class Service:
     """Catalog, pager, batcher, preprocessing and metrics of one server."""
 
     def __init__(self, config: ServeConfig):
-        from ..store import AdapterStore
+        from ..adapters.store import AdapterStore
 
         self.config = config
         self.metrics = ServeMetrics()

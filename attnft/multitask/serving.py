@@ -11,7 +11,7 @@ from typing import Generic, Optional, Sequence, TypeVar
 
 import torch
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 Task = TypeVar("Task")  # what a server keeps per task; has num_classes and label_names
 

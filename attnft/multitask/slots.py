@@ -14,7 +14,7 @@ from typing import Optional
 
 from torch import nn
 
-from ..errors import AdapterError, ConfigError, NoAttentionError
+from ..core.errors import AdapterError, ConfigError, NoAttentionError
 from ..roles import Role, RoleMap, split_last
 
 

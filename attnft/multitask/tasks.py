@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from ..adapters import Adapter
-from ..errors import AdapterError
-from ..policy import PolicyReport
+from ..core.errors import AdapterError
+from ..tuning.policy import PolicyReport
 from ..roles import Role, RoleMap, is_weight, split_first
 from .slots import Slot, SlotKind, SlotMap
 

@@ -1,0 +1,264 @@
+"""A peft adapter folder: saving (peft's two files, ``attnft.json``, a model card), verifying, loading.
+
+The folder is peft's own format, readable by plain ``PeftModel.from_pretrained``; the sidecar
+(:mod:`.sidecar`) adds the base's fingerprint, which attnft checks before loading.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional, Union
+
+import safetensors
+from peft import PeftConfig, PeftModel
+from peft import __version__ as PEFT_VERSION
+from torch import nn
+
+from .. import __version__
+from .base import base_model_args, base_model_name, current_input_size, default_data_config, jsonable
+from ..core.errors import AdapterError, BaseMismatchError, ConfigError
+from ..core.files import ADAPTER_FOLDER, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, sha256_file, write_directory_atomically
+from ..tuning.fingerprint import compute_fingerprint
+from ..roles import is_under
+from ..tuning.peft.model import PeftReport
+from .peft_sidecar import SIDECAR_FILE, SIDECAR_FORMAT, SIDECAR_VERSION, PeftAdapterInfo, read_peft_adapter
+from ..tuning.peft.names import unprefixed
+from ..tuning.peft.spec import PEFT_METHODS
+
+
+def save_peft_adapter(
+    peft_model: PeftModel,
+    report: PeftReport,
+    path: Union[str, os.PathLike],
+    *,
+    overwrite: bool = False,
+    label_names: Optional[list[str]] = None,
+    metadata: Optional[dict] = None,
+    model_name: Optional[str] = None,
+    data_config: Optional[dict] = None,
+) -> PeftAdapterInfo:
+    """Save ``peft_model``'s adapter as folder ``path``: peft's two files plus ``attnft.json``.
+
+    ``model_name`` is how to create the base again (e.g. ``local-dir:PATH``); by default the
+    base's timm name. ``data_config`` is the run's (its eval crop, its background); by default the base's.
+
+    Plain ``PeftModel.from_pretrained(base, path)`` loads it. The folder appears whole or not
+    at all (:func:`attnft.adapters.write_directory_atomically`); an existing one is replaced
+    only with ``overwrite``, else StoreError.
+    """
+    path = Path(path)
+    base = peft_model.get_base_model()
+    size = current_input_size(base)
+    num_classes = getattr(base, "num_classes", None)
+    if label_names is not None and len(label_names) != num_classes:
+        raise ConfigError(f"{len(label_names)} label names for a model with {num_classes} classes")
+    sidecar = {
+        "format": SIDECAR_FORMAT,
+        "format_version": SIDECAR_VERSION,
+        "method": report.policy.method,
+        "policy": report.policy.name,
+        "model_name": model_name or base_model_name(base),
+        "model_args": base_model_args(base),
+        "input_size": size,
+        "num_classes": num_classes,
+        "label_names": list(label_names) if label_names is not None else None,
+        "data_config": jsonable(data_config if data_config is not None else default_data_config(base, size)),
+        "base_fingerprint": report.base_fingerprint,
+        "targets": {name: role.value for name, role in report.targets.modules.items()},
+        "head_modules": report.targets.head,
+        "trained_params": report.num_trainable,
+        "peft_version": PEFT_VERSION,
+        "attnft_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "metadata": jsonable(metadata or {}),
+    }
+
+    def write(folder: Path) -> None:
+        peft_model.save_pretrained(str(folder), selected_adapters=[report.adapter_name])
+        if report.adapter_name != "default":  # peft writes other adapter names one level down
+            nested = folder / report.adapter_name
+            for item in nested.iterdir():
+                item.rename(folder / item.name)
+            nested.rmdir()
+        weights = folder / WEIGHTS_FILE
+        sidecar["weights_sha256"] = sha256_file(weights)
+        sidecar["weights_bytes"] = weights.stat().st_size
+        (folder / SIDECAR_FILE).write_text(json.dumps(sidecar, indent=2) + "\n")
+        # peft wrote its empty template ("[More Information Needed]"); ours says what this adapter is
+        card = peft_model_card(PeftAdapterInfo.from_dict(sidecar, path), base_model_id=base.pretrained_cfg.get("hf_hub_id"),
+                               license=base.pretrained_cfg.get("license"))
+        (folder / CARD_FILE).write_text(card)
+
+    write_directory_atomically(path, write, kind=ADAPTER_FOLDER, overwrite=overwrite)
+    return PeftAdapterInfo.from_dict(sidecar, path)
+
+
+def peft_model_card(info: PeftAdapterInfo, *, base_model_id: Optional[str] = None, license: Optional[str] = None) -> str:
+    """README.md for a peft adapter folder: hub metadata, what was trained on what, and how to load it.
+
+    ``info.metadata`` may hold ``dataset`` (its name) and ``top1`` (accuracy in percent) to show.
+    """
+    from huggingface_hub import ModelCardData
+
+    from ..models.hf_models import is_transformers_name
+
+    library = "transformers" if is_transformers_name(info.model_name) else "timm"
+    metadata = ModelCardData(
+        library_name="peft",
+        pipeline_tag="image-classification",
+        license=license or "other",
+        base_model=base_model_id or info.model_name,
+        tags=["attnft", "peft", info.method, library, "image-classification", "vision-transformer"],
+    )
+    roles = ", ".join(f"{role} {count}" for role, count in sorted(Counter(info.targets.values()).items()))
+    dc = info.data_config
+    rows = [
+        ("base model", f"`{info.model_name}`"),
+        ("base fingerprint", f"`{info.base_fingerprint[:16]}...`"),
+        ("policy", f"`{info.policy}`"),
+        ("adapted modules", f"{len(info.targets)} ({roles})"),
+        ("trained whole", ", ".join(f"`{m}`" for m in info.head_modules) or "nothing (head frozen)"),
+        ("input size", f"{info.input_size} px"),
+        ("classes", f"{info.num_classes} ({_first_names(info.label_names)})" if info.label_names else f"{info.num_classes}"),
+    ]
+    if info.metadata.get("dataset"):
+        rows.append(("data", f"`{info.metadata['dataset']}`"))
+    if info.metadata.get("top1") is not None:
+        rows.append(("top-1 accuracy", f"{info.metadata['top1']:.2f}%"))
+    rows += [
+        ("mean / std", f"{dc.get('mean')} / {dc.get('std')}"),
+        ("peft / attnft", f"{info.peft_version} / {info.attnft_version}"),
+    ]
+    table = "\n".join(f"| {key} | {value} |" for key, value in rows)
+    return f"""---
+{metadata.to_yaml()}
+---
+
+# {info.path.name}
+
+A `{info.method}` adapter for `{info.model_name}`, made with attnft: peft's `{info.method}` on the modules that
+attnft's role map gives the roles of policy `{info.policy}`, {info.trained_params:,} trained parameters. It is
+in peft's own format; `attnft.json` beside it records the base's fingerprint, which attnft checks.
+
+| | |
+|---|---|
+{table}
+
+## Use with {library} and peft alone
+
+{_plain_peft_use(info)}
+## Use with attnft
+
+```python
+{_attnft_create(info, library)}
+from attnft.peft_methods import load_peft_adapter  # importing attnft registers its bundled models in timm
+
+model = load_peft_adapter(base, "path/to/this/folder")  # checks the base's fingerprint first
+```
+"""
+
+
+def _attnft_create(info: PeftAdapterInfo, library: str) -> str:
+    """The lines that create the adapter's base: timm for a timm base, attnft for a transformers one."""
+    size = f"num_classes={info.num_classes}, img_size={info.input_size}"
+    if library == "transformers":
+        return f'from attnft.models import create_model\n\nbase = create_model("{info.model_name}", {size})'
+    return f'import timm\n\nbase = timm.create_model("{info.model_name}", pretrained=True, {size})'
+
+
+def _first_names(names: list, shown: int = 10) -> str:
+    return ", ".join(map(str, names[:shown])) + (", ..." if len(names) > shown else "")
+
+
+def _plain_peft_use(info: PeftAdapterInfo) -> str:
+    """The card's section that loads the adapter with timm and peft, no attnft."""
+    from ..models.hf_models import is_transformers_name
+    from ..models.plain_timm import base_build
+
+    if is_transformers_name(info.model_name):  # a transformers base: no timm needed
+        from .hf_export import plain_peft_use
+
+        return plain_peft_use(info)
+
+    try:
+        build = base_build(info.model_name, info.model_args, info.num_classes, info.input_size)
+    except AdapterError as e:
+        return f"Plain timm cannot create this base: {e}.\n"
+    return f"""```python
+import json
+
+import timm
+from peft import PeftModel
+
+folder = "path/to/this/folder"
+base = {build.create_call()}
+model = PeftModel.from_pretrained(base, folder).eval()
+transform = timm.data.create_transform(**json.load(open(f"{{folder}}/attnft.json"))["data_config"])
+```
+{build.weights_note()}"""
+
+
+def verify_peft_adapter(path: Union[str, os.PathLike]) -> PeftAdapterInfo:
+    """Check a peft adapter folder is whole: weights' size and sha256, peft's config, a tensor for every target."""
+    info = read_peft_adapter(path)
+    weights = info.path / WEIGHTS_FILE
+    if weights.stat().st_size != info.weights_bytes or sha256_file(weights) != info.weights_sha256:
+        raise AdapterError(f"{weights} does not match the size and sha256 in {SIDECAR_FILE}: the file is corrupted or was replaced")
+    try:
+        config = PeftConfig.from_pretrained(str(info.path))
+        with safetensors.safe_open(str(weights), framework="pt") as f:
+            keys = list(f.keys())
+    except Exception as e:  # peft and safetensors raise many kinds on a broken file
+        raise AdapterError(f"{info.path} cannot be read by peft: {e}") from None
+    method = PEFT_METHODS.get(info.method)
+    if method is None or config.peft_type != method.peft_type:
+        raise AdapterError(f"{info.path}: {CONFIG_FILE} holds a {config.peft_type} adapter, {SIDECAR_FILE} says {info.method}")
+    names = [unprefixed(k) for k in keys]
+    missing = [t for t in [*info.targets, *info.head_modules] if not any(is_under(n, t) for n in names)]
+    if missing:
+        raise AdapterError(f"{weights} holds no tensors for {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    return info
+
+
+def check_base(info: PeftAdapterInfo, fingerprint: str) -> None:
+    """BaseMismatchError unless the adapter was trained on the base of ``fingerprint``."""
+    if info.base_fingerprint != fingerprint:
+        raise BaseMismatchError(
+            f"adapter {info.path} was trained on base {info.model_name} with fingerprint {info.base_fingerprint[:12]}, "
+            f"this model's is {fingerprint[:12]}: load the weights it was trained on"
+        )
+
+
+def load_peft_adapter(
+    base_model: nn.Module,
+    path: Union[str, os.PathLike],
+    *,
+    adapter_name: str = "default",
+    is_trainable: bool = False,
+    base_fingerprint: Optional[str] = None,
+) -> PeftModel:
+    """``PeftModel.from_pretrained(base_model, path)``, after checking the folder and the base.
+
+    Raises BaseMismatchError when the adapter was trained on other weights (pass
+    ``base_fingerprint`` if already computed). A base whose classifier has another number of
+    classes gets timm's ``reset_classifier`` first; the adapter's head replaces it anyway.
+    ``base_model`` is changed in place (peft wraps the targeted modules).
+    """
+    if isinstance(base_model, PeftModel):
+        raise AdapterError("the model already carries peft adapters: pass the plain base model")
+    info = verify_peft_adapter(path)
+    check_base(info, base_fingerprint or compute_fingerprint(base_model))
+    if info.head_modules and info.num_classes is not None and getattr(base_model, "num_classes", None) != info.num_classes:
+        device = next(base_model.parameters()).device
+        base_model.reset_classifier(info.num_classes)
+        base_model.to(device)  # the new head is created on the default device
+    try:
+        peft_model = PeftModel.from_pretrained(base_model, str(info.path), adapter_name=adapter_name, is_trainable=is_trainable)
+    except (RuntimeError, ValueError, KeyError) as e:  # shape mismatches, missing modules
+        raise AdapterError(f"{info.path} does not fit this {type(base_model).__name__}: {e}") from None
+    if not is_trainable:
+        peft_model.eval()
+    return peft_model

@@ -1,0 +1,383 @@
+"""A store: a folder of named adapters, one sub-folder each.
+
+Names are ``[A-Za-z0-9][A-Za-z0-9._-]*`` without ``..``, so a name can never reach outside the
+store. Hidden entries (``.tmp-*`` being written, ``.del-*`` being deleted) are never listed;
+every write and delete is atomic (see :func:`attnft.core.files.write_directory_atomically`), and
+a failed one (full disk, permissions) is one StoreError line with the store as it was. Every
+write first clears the hidden entries killed writers left behind (:meth:`AdapterStore.remove_leftovers`).
+
+Two formats live side by side: attnft's own (from a freezing policy) and peft's (from ``lora`` /
+``ia3`` policies). Each method asks the folder's :class:`attnft.adapters.formats.AdapterFormat` once
+(:func:`attnft.adapters.formats.format_of`); ``read``, ``config``, ``verify`` and ``load`` return that format's types.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from torch import nn
+
+from .config import Adapter, AdapterConfig
+from ..core.files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
+from ..tuning.fingerprint import BaseSnapshot
+from ..core.errors import AdapterError, AttnftError, StoreError
+from ..core.files import ADAPTER_FOLDER, PathLike, io_error, nearest_existing, pid_alive, remove_directory_atomically, remove_entry, write_directory_atomically
+from .formats import PEFT_SIDECAR_FILE, AdapterFormat, AdapterSummary, format_for, format_of
+from ..core.hub import hub_errors
+from ..tuning.policy import PolicyReport
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+
+    from .peft_sidecar import PeftAdapterInfo
+    from ..tuning.peft.model import PeftReport
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_NAME_LENGTH = 128
+STORE_ENV = "ATTNFT_STORE"
+DEFAULT_STORE = "adapters"
+# A hidden entry is cleared automatically only if its writer's pid is dead here AND nothing in it
+# changed for this long. The pid alone is not enough: a store on a shared disk may be written from
+# another machine or container, whose pids mean nothing here; a live writer touches its files.
+STALE_AFTER_S = 60.0
+_HIDDEN_ENTRY = re.compile(r"\.(?:tmp|del)-.+-(\d+)-[A-Za-z0-9_]+")
+
+
+def default_store_root() -> Path:
+    """``$ATTNFT_STORE`` or ``./adapters``."""
+    return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a valid adapter name, else StoreError."""
+    if (
+        not isinstance(name, str)
+        or not NAME_PATTERN.fullmatch(name)
+        or ".." in name
+        or len(name) > MAX_NAME_LENGTH
+    ):
+        raise StoreError(
+            f"invalid adapter name {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit, "
+            f"no '..', at most {MAX_NAME_LENGTH} characters"
+        )
+    return name
+
+
+class AdapterStore:
+    """Named adapters under one root folder."""
+
+    def __init__(self, root: Union[str, os.PathLike, None] = None):
+        self.root = Path(root) if root is not None else default_store_root()
+
+    def __repr__(self) -> str:
+        return f"AdapterStore({str(self.root)!r})"
+
+    def path(self, name: str) -> Path:
+        return self.root / check_name(name)
+
+    def exists(self, name: str) -> bool:
+        return (self.path(name) / CONFIG_FILE).is_file()
+
+    def folder(self, name: str) -> Path:
+        """The folder of stored adapter ``name``; StoreError if there is none."""
+        path = self.path(name)
+        self._check_root()
+        if not path.is_dir():
+            raise StoreError(f"no adapter named {name!r} in {self.root}")
+        return path
+
+    def _check_root(self) -> None:
+        """StoreError if the root, or the nearest existing folder above it, is a file."""
+        ancestor = nearest_existing(self.root)
+        if ancestor.exists() and not ancestor.is_dir():
+            problem = "is a file, not a folder" if ancestor == self.root else f"cannot be created under the file {ancestor}"
+            raise StoreError(f"the store {self.root} {problem}: pass --store a folder (or set ${STORE_ENV})")
+
+    def check_writable(self, name: str, overwrite: bool = False, needed_bytes: int = 0) -> Path:
+        """Where adapter ``name`` would be saved, if saving it can work; else StoreError. Writes nothing.
+
+        Call it before training, so that a run does not end in an error it could have found in
+        a second. Checks that ``name`` is valid; that the store is a folder, or can be created,
+        and can be written (permissions, read-only file system); that at least ``needed_bytes``
+        (default: any) are free; and that the entry ``name`` is free, or an adapter and
+        ``overwrite`` -- never a dangling symlink, a file or a folder that is not an adapter,
+        which ``overwrite`` would destroy. :meth:`save` and :meth:`import_folder` call it too.
+        """
+        path = self.path(name)
+        self._check_root()
+        folder = nearest_existing(self.root)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+            raise StoreError(f"{'read-only file system' if read_only else 'permission denied'} writing adapter {name} to {self.root}")
+        free = shutil.disk_usage(folder).free
+        if free < max(needed_bytes, 1):
+            needed = f", {needed_bytes} needed" if needed_bytes else ""
+            raise StoreError(f"no space left on device writing adapter {name} to {self.root} ({free} bytes free{needed})")
+        if path.is_symlink() and not path.exists():
+            raise StoreError(
+                f"{path} is a symbolic link to a missing {os.readlink(path)}: "
+                f"remove it (attnft adapters delete {name}) or choose another name"
+            )
+        if os.path.lexists(path):
+            if not self.exists(name):
+                raise StoreError(f"{path} exists and is not an adapter: move it away or choose another name")
+            if not overwrite:
+                raise StoreError(f"an adapter named {name!r} exists in {self.root}: pass --overwrite to replace it")
+        return path
+
+    def format(self, name: str) -> AdapterFormat:
+        """The format of adapter ``name``; StoreError if it is not stored."""
+        return format_of(self.folder(name))
+
+    def format_name(self, name: str) -> str:
+        """The name of that format: ``"peft"`` (from a lora / ia3 policy) or ``"attnft"``."""
+        return self.format(name).name
+
+    # --- write ---
+
+    def save(
+        self,
+        name: str,
+        model: Union[nn.Module, "PeftModel"],
+        report: Union[PolicyReport, "PeftReport"],
+        base: Optional[BaseSnapshot] = None,
+        *,
+        label_names: Optional[list[str]] = None,
+        data_config: Optional[dict] = None,
+        input_size: Optional[int] = None,
+        model_name: Optional[str] = None,
+        training: Optional[dict] = None,
+        overwrite: bool = False,
+        mode: str = "exact",
+        delta_dtype: str = "float16",
+        license: Optional[str] = None,
+    ) -> Path:
+        """Save an adapter under ``name``, in the format of ``report`` (:func:`attnft.adapters.formats.format_for`).
+
+        A :class:`PolicyReport` (freezing policy): attnft's format, ``base`` being the snapshot
+        taken before training, ``mode`` exact or delta (in ``delta_dtype``), ``license`` for the model card
+        (:func:`attnft.adapters.save_adapter`).
+        A :class:`attnft.peft_methods.PeftReport`: ``model`` is the PeftModel, saved in peft's
+        format; the report holds the base fingerprint, so no ``base``; ``training`` is kept as the
+        sidecar's metadata, the input size and data config are the model's. Refuses NaN / inf.
+        """
+        path = self.check_writable(name, overwrite)
+        self._clean_stale()
+        format_for(report).save(path, model, report, base, label_names=label_names, data_config=data_config,
+                                input_size=input_size, model_name=model_name, training=training,
+                                overwrite=overwrite, mode=mode, delta_dtype=delta_dtype, license=license, title=name)
+        return path
+
+    def import_folder(self, source: Union[str, os.PathLike], name: str, *, overwrite: bool = False) -> Path:
+        """Copy a verified adapter folder (e.g. downloaded from a hub) into the store as ``name``.
+
+        Only its regular files are copied (hidden ones and sub-folders are left out); a symlink,
+        the folder itself or any file in it, is refused: its content could be anything anywhere.
+        """
+        path = self.check_writable(name, overwrite)
+        files = _files_to_import(Path(source))
+        fmt = format_of(source)
+        fmt.verify(source)  # refuse a broken folder before anything is written
+        self._clean_stale()
+
+        def write(folder: Path) -> None:
+            for item in files:
+                _copy_regular_file(item, folder / item.name)
+            fmt.verify(folder)  # the copy, not just the source
+
+        write_directory_atomically(path, write, kind=ADAPTER_FOLDER, overwrite=overwrite)
+        return path
+
+    def delete(self, name: str) -> None:
+        """Remove adapter ``name``; a symlink in the store is removed as a link, what it points to stays."""
+        path = self.path(name)
+        if not path.is_symlink():
+            path = self.folder(name)
+        self._clean_stale()
+        remove_directory_atomically(path)
+
+    # --- a Hugging Face hub ---
+    # ``hub`` is anything with HfApi's create_repo / upload_folder / snapshot_download (default: HfApi()).
+
+    def push(self, name: str, repo_id: str, *, hub=None, private: Optional[bool] = None) -> str:
+        """Upload adapter ``name`` (verified first) as the model repo ``repo_id``; the folder is the repo."""
+        path = self.folder(name)
+        format_of(path).verify(path)
+        hub = hub or _hf_api()
+        with hub_errors(f"hub repo {repo_id}"):
+            hub.create_repo(repo_id, private=private, exist_ok=True)
+            hub.upload_folder(repo_id=repo_id, folder_path=str(path), commit_message=f"attnft adapter {name}")
+        return repo_id
+
+    def pull(self, repo_id: str, name: str, *, revision: Optional[str] = None, hub=None, overwrite: bool = False) -> Path:
+        """Download the adapter in hub repo ``repo_id`` and import it as ``name``, verified; nothing is kept if it fails."""
+        self.check_writable(name, overwrite)
+        hub = hub or _hf_api()
+        with tempfile.TemporaryDirectory(prefix=".pull-") as download:
+            with hub_errors(f"hub repo {repo_id}"):
+                folder = hub.snapshot_download(
+                    repo_id, revision=revision, local_dir=download, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, PEFT_SIDECAR_FILE]
+                )
+            return self.import_folder(folder, name, overwrite=overwrite)
+
+    # --- read ---
+
+    def read(self, name: str) -> Union[Adapter, "PeftAdapterInfo"]:
+        """attnft's format: the verified :class:`Adapter` with its tensors. peft's: its sidecar (no tensor read)."""
+        path = self.folder(name)
+        return format_of(path).read(path)
+
+    def load(self, name: str, model: nn.Module, **load_kwargs) -> Union[AdapterConfig, "PeftModel"]:
+        """Load adapter ``name`` onto ``model``.
+
+        attnft's format: writes the trained tensors into ``model`` in place and returns the
+        config (``load_kwargs`` as :func:`attnft.adapters.load_adapter`). peft's format: wraps
+        ``model`` (changed in place) and returns the **PeftModel** to call instead
+        (``load_kwargs`` as :func:`attnft.peft_methods.load_peft_adapter`).
+        """
+        path = self.folder(name)
+        return format_of(path).load(model, path, **load_kwargs)
+
+    def config(self, name: str) -> Union[AdapterConfig, "PeftAdapterInfo"]:
+        """What ``name`` describes itself as: attnft's AdapterConfig, or a peft adapter's sidecar."""
+        path = self.folder(name)
+        return format_of(path).config(path)
+
+    def verify(self, name: str) -> Union[AdapterConfig, "PeftAdapterInfo"]:
+        """Check the files of ``name`` against its config (sizes, sha256, names, shapes, classes) and every value
+        finite; AdapterError naming what is off."""
+        path = self.folder(name)
+        return format_of(path).verify(path)
+
+    def names(self) -> list[str]:
+        self._check_root()
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and NAME_PATTERN.fullmatch(p.name) and ".." not in p.name)
+
+    def list(self) -> list[AdapterSummary]:
+        """Every adapter in the store, read from its config (cheap: no tensor is read)."""
+        summaries = []
+        for name in self.names():
+            path = self.root / name
+            try:
+                summaries.append(format_of(path).summary(name, path))
+            except AttnftError as e:
+                summaries.append(AdapterSummary(name=name, path=path, error=str(e)))
+        return summaries
+
+    def show(self, name: str) -> dict:
+        """The config of ``name`` plus where it lives and its file sizes."""
+        path = self.folder(name)
+        info = {"name": name, "path": str(path), "files": {p.name: p.stat().st_size for p in sorted(path.iterdir()) if p.is_file()}}
+        info.update(format_of(path).describe(path))
+        return info
+
+    def remove_leftovers(self, older_than_s: float = 0.0) -> list[Path]:
+        """Remove hidden ``.tmp-*`` / ``.del-*`` entries left by killed writers: their pid is not alive here and
+        nothing in them changed for ``older_than_s`` seconds. Folders, files and symlinks alike (a link, not
+        its target). Every write calls it with :data:`STALE_AFTER_S`."""
+        removed = []
+        if not self.root.is_dir():
+            return removed
+        now = time.time()
+        for entry in self.root.iterdir():
+            match = _HIDDEN_ENTRY.fullmatch(entry.name)
+            if match is None or pid_alive(int(match.group(1))):
+                continue
+            if now - _last_change(entry) < older_than_s:
+                continue
+            remove_entry(entry)
+            removed.append(entry)
+        return removed
+
+    def _clean_stale(self) -> None:
+        try:
+            self.remove_leftovers(older_than_s=STALE_AFTER_S)
+        except OSError:
+            pass  # a courtesy to the store: it must never stop the write itself
+
+
+def _hf_api():
+    from huggingface_hub import HfApi
+
+    return HfApi()
+
+
+def _last_change(entry: Path) -> float:
+    """The newest mtime of a hidden entry and what is directly in it (a writer updates the file it writes)."""
+    times = [entry.lstat().st_mtime]
+    if entry.is_dir() and not entry.is_symlink():
+        for item in entry.iterdir():
+            try:
+                times.append(item.lstat().st_mtime)
+            except FileNotFoundError:
+                continue  # removed while we looked
+    return max(times)
+
+
+def _files_to_import(source: Path) -> list[Path]:
+    """The regular, non-hidden files of folder ``source``; StoreError on any symlink."""
+    if source.is_symlink():
+        raise StoreError(f"{source} is a symbolic link to {os.readlink(source)}: import the folder itself")
+    if not source.is_dir():
+        raise AdapterError(f"no adapter folder at {source}")
+    files = []
+    for item in sorted(source.iterdir()):
+        if item.name.startswith("."):
+            continue  # e.g. huggingface_hub's .cache; never part of an adapter
+        if item.is_symlink():
+            raise StoreError(f"{item} is a symbolic link: import copies regular files only; replace it with the file it points to")
+        if stat.S_ISREG(item.lstat().st_mode):
+            files.append(item)
+    return files
+
+
+def _copy_regular_file(source: Path, target: Path) -> None:
+    """Copy ``source``, refusing it if it became a symlink or something else since it was listed."""
+    try:
+        # no following a symlink swapped in since the listing, no blocking on a FIFO
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise io_error(e, f"reading {source}") from None
+    with open(fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+            raise StoreError(f"{source} is not a regular file: import copies regular files only")
+        with open(target, "xb") as dst:
+            shutil.copyfileobj(src, dst)
+
+
+@dataclass
+class FoundAdapter:
+    """An adapter named by a store name or a folder: where it is, its format, what reading it gave."""
+
+    path: Path
+    format: AdapterFormat
+    adapter: Any  # attnft's: the verified Adapter with its tensors; peft's: its sidecar
+    config: Any  # AdapterConfig or PeftAdapterInfo: model_name, input_size, data_config, num_classes
+
+    def model(self, model_name: Optional[str] = None, checkpoint: Optional[str] = None) -> nn.Module:
+        """The base (``model_name``, else the one the adapter names) at the adapter's input size, the adapter
+        served on it: the model to evaluate (for peft, the PeftModel wrapping the base)."""
+        from ..models import create_model
+
+        base = create_model(model_name or self.config.model_name, checkpoint=checkpoint, img_size=self.config.input_size)
+        return self.format.serve(base, self.adapter)
+
+
+def find_adapter(name_or_folder: str, store_root: Optional[PathLike] = None) -> FoundAdapter:
+    """The adapter in folder ``name_or_folder``, else the one of that name in the store at ``store_root``."""
+    path = Path(name_or_folder) if os.path.isdir(name_or_folder) else AdapterStore(store_root).folder(name_or_folder)
+    fmt = format_of(path)
+    adapter = fmt.read(path)
+    return FoundAdapter(path, fmt, adapter, fmt.config(adapter))
+
+
+__all__ = ["AdapterStore", "FoundAdapter", "find_adapter", "AdapterSummary", "STALE_AFTER_S", "check_name", "default_store_root", "WEIGHTS_FILE"]

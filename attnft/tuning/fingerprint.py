@@ -1,0 +1,102 @@
+"""The identity of a base: a fingerprint of its weights, and the snapshot an adapter is saved against.
+
+:func:`compute_fingerprint` hashes every parameter and persistent buffer of the base *before*
+training, except the tensors no base can vouch for:
+
+- the head (role ``head``): it is re-created per task, its starting values are random;
+- position tables whose shape follows the input grid (role ``pos_embed``, BEiT / MViTv2 relative
+  position tables): a base created at 384 resamples them from the 224 checkpoint, so they would
+  make the fingerprint depend on the size the base was created at.
+
+The fingerprint is therefore *resolution-independent*: the same checkpoint gives the same
+fingerprint at 224 and at 384, on any machine and in any process (floats are hashed as
+little-endian float32, names in sorted order).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..core.errors import AdapterError
+from .policy import PolicyReport
+from ..roles import Role, RoleMap, build_role_map
+
+
+def unfingerprinted_names(model: nn.Module, role_map: Optional[RoleMap] = None) -> set[str]:
+    """Names of the parameters and buffers the fingerprint leaves out: the head and grid-sized tables."""
+    role_map = role_map or build_role_map(model)
+    left_out = set(role_map.names_with_role(Role.HEAD)) | set(role_map.names_with_role(Role.POS_EMBED))
+    for name in model.state_dict(keep_vars=True):
+        if role_map.is_head(name) or role_map.is_grid_sized(name):
+            left_out.add(name)  # buffers have no role, but the map knows the head and the grid-sized tables
+    return left_out
+
+
+def compute_fingerprint(model: nn.Module, role_map: Optional[RoleMap] = None) -> str:
+    """sha256 hex of the base's identity: every tensor's name, shape and float32 value, head and grid tables left out.
+
+    Call it on the base before training. The same values give the same fingerprint at any input
+    size, on any device, process or machine, whatever float dtype holds them (hashed as float32);
+    a base cast to bf16 holds other values, so load adapters before casting.
+    """
+    return _fingerprint_state(model.state_dict(), unfingerprinted_names(model, role_map))
+
+
+def fingerprint_at_start(model: nn.Module, report: PolicyReport, base: "BaseSnapshot", left_out: set[str]) -> str:
+    """The fingerprint ``model`` would have with its trained tensors put back to their start values."""
+    state = model.state_dict()
+    for name, region in report.trainable.items():
+        if name in left_out:
+            continue
+        start = base.start_values.get(name)
+        if start is None:
+            raise AdapterError(f"the base snapshot has no start value for {name}: capture it after apply_policy with the same policy")
+        tensor = state[name].detach()
+        if region is None:
+            state[name] = start
+        else:
+            tensor = tensor.clone()
+            tensor[region.index(tensor.ndim)] = start.to(tensor.device, tensor.dtype)
+            state[name] = tensor
+    return _fingerprint_state(state, left_out)
+
+
+def _fingerprint_state(state: dict[str, torch.Tensor], left_out: set[str]) -> str:
+    digest = hashlib.sha256(b"attnft-fingerprint-v1\0")
+    for name, tensor in sorted(state.items()):
+        if name in left_out:
+            continue
+        array = _canonical_array(tensor)
+        digest.update(f"{name}\0{list(array.shape)}\0{array.dtype.str}\0".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _canonical_array(tensor: torch.Tensor):
+    """A little-endian numpy array whose bytes do not depend on the tensor's device or float precision."""
+    tensor = tensor.detach()
+    if tensor.is_floating_point():
+        tensor = tensor.to(torch.float32)
+    elif tensor.dtype == torch.bool:
+        tensor = tensor.to(torch.uint8)
+    elif not tensor.is_complex():
+        tensor = tensor.to(torch.int64)
+    array = tensor.cpu().contiguous().numpy()
+    return array.astype(array.dtype.newbyteorder("<"), copy=False)
+
+
+@dataclass
+class BaseSnapshot:
+    """What must be captured from the base before training: its fingerprint and the trained tensors' start values."""
+
+    fingerprint: str
+    start_values: dict[str, torch.Tensor]  # name -> trained part at the start (CPU copies), for delta mode
+
+    @classmethod
+    def capture(cls, model: nn.Module, report: PolicyReport) -> "BaseSnapshot":
+        start = {name: t.detach().to("cpu", copy=True) for name, t in report.trained_tensors(model).items()}
+        return cls(fingerprint=compute_fingerprint(model, report.role_map), start_values=start)

@@ -1,0 +1,351 @@
+"""Freezing policies: which roles of the role map train.
+
+A policy is a base (``attn``, ``ffn``, ``full``, ``head``) plus optional edits, written as one
+spec string::
+
+    attn                  attention + head + pos_embed (the paper's --attn-only)
+    attn+norm             ... and every norm
+    attn-pos_embed        ... without the position embedding
+    full-patch_embed      everything but the patch embedding
+    head+bias             linear probe plus every bias (BitFit-like)
+    attn@8-11             attention only in blocks 8..11 (+ head, pos_embed)
+    ffn@0,2,4             FFN of blocks 0, 2 and 4
+
+``+ROLE`` / ``-ROLE`` add or remove a role (see :class:`attnft.roles.Role`; ``attn`` and ``mlp``
+are aliases), ``+bias`` / ``-bias`` add or remove every bias whatever its role, and ``@BLOCKS``
+limits parameters that live in a block to those block indices (parameters outside blocks are
+not affected).
+
+:meth:`Policy.select` names the tensors a policy trains on a role map (training and load-time
+checks share it); :func:`apply_policy` sets ``requires_grad`` and, for fused weights split between roles (timm's
+``ParallelScalingBlock.in_proj``), keeps the frozen rows bitwise unchanged: their gradient is
+zeroed, and after every optimizer step they are restored, so weight decay cannot move them.
+"""
+from __future__ import annotations
+
+import json
+import re
+import weakref
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from ..core.errors import NoAttentionError, UnknownPolicyError
+from ..core.parsing import short
+from ..roles import Region, Role, RoleEntry, RoleMap, build_role_map, parse_role
+
+BASE_POLICIES: dict[str, frozenset[Role]] = {
+    # the official --attn-only: every attention weight, the classifier and the position embedding
+    "attn": frozenset({Role.ATTENTION, Role.HEAD, Role.POS_EMBED}),
+    "ffn": frozenset({Role.FFN, Role.HEAD, Role.POS_EMBED}),
+    "full": frozenset(Role),
+    "head": frozenset({Role.HEAD}),
+}
+
+POLICY_EDIT = re.compile(r"([+-])([A-Za-z_]+)")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What trains: a set of roles, optionally every bias, optionally only some blocks."""
+
+    name: str  # the spec it was parsed from, kept for reports and adapter configs
+    roles: frozenset[Role]
+    bias: Optional[bool] = None  # True: every bias trains; False: no bias trains; None: biases follow roles
+    blocks: Optional[frozenset[int]] = None  # None: all blocks
+
+    @classmethod
+    def parse(cls, spec: str) -> "Policy":
+        spec = spec.strip()
+        body, _, block_spec = spec.partition("@")
+        base = re.match(r"[A-Za-z_]+", body)
+        if base is None or base.group(0) not in BASE_POLICIES:
+            raise UnknownPolicyError(
+                f"unknown policy {short(spec, 60)!r}: choose one of {', '.join(BASE_POLICIES)}, optionally edited as in "
+                "'attn+norm-pos_embed@8-11', or a peft method: lora, ia3, as in 'lora:r=16'"
+            )
+        roles = set(BASE_POLICIES[base.group(0)])
+        bias = None
+        rest = body[base.end():]
+        if POLICY_EDIT.sub("", rest):
+            raise UnknownPolicyError(f"cannot read policy {short(spec, 60)!r}: edits are +ROLE or -ROLE, e.g. 'attn+norm'")
+        for sign, item in POLICY_EDIT.findall(rest):
+            if item == "bias":
+                bias = sign == "+"
+                continue
+            try:
+                role = parse_role(item)
+            except ValueError:
+                valid = ", ".join([r.value for r in Role] + ["bias"])
+                raise UnknownPolicyError(f"unknown role {short(item, 30)!r} in policy {short(spec, 60)!r}: valid roles are {valid}") from None
+            (roles.add if sign == "+" else roles.discard)(role)
+        if "@" in spec and not block_spec.strip():
+            raise UnknownPolicyError(f"policy {short(spec, 60)!r} has no blocks after '@': name them as in 'attn@8-11' or 'attn@0,2,4'")
+        blocks = parse_blocks(block_spec, spec) if block_spec else None
+        return cls(name=spec, roles=frozenset(roles), bias=bias, blocks=blocks)
+
+    def trains(self, entry: RoleEntry) -> bool:
+        if entry.block is not None and self.blocks is not None and entry.block not in self.blocks:
+            return False
+        if self.bias is not None and entry.is_bias:
+            return self.bias
+        return entry.role in self.roles
+
+    def select(self, role_map: RoleMap) -> dict[str, Optional[Region]]:
+        """The tensors this policy trains, in model order: name -> None (the whole tensor) or the one
+        region it trains of a fused weight split between roles (timm's ``ParallelScalingBlock``)."""
+        selected = {}
+        for name in role_map.names():
+            entries = role_map.of(name)
+            trained = [e for e in entries if self.trains(e)]
+            if not trained:
+                continue
+            if len(trained) == len(entries):
+                selected[name] = None
+            elif len(trained) == 1:
+                selected[name] = trained[0].region
+            else:  # ParallelScalingBlock has one region per role, and two roles
+                raise NotImplementedError(f"{name}: more than one trained region")
+        return selected
+
+
+MAX_BLOCK_INDEX = 9_999  # beyond any model: a range past it is refused before it is built
+
+
+def parse_blocks(text: str, spec: str) -> frozenset[int]:
+    """The block indices of ``@BLOCKS`` (``8-11``, ``0,2,4``); each range ordered and within :data:`MAX_BLOCK_INDEX`."""
+    blocks = set()
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d{1,30})\s*(?:-\s*(\d{1,30})\s*)?", part)
+        if m is None:
+            raise UnknownPolicyError(f"cannot read blocks {short(text, 40)!r} in policy {short(spec, 60)!r}: use indices "
+                                     "and ranges like '@8-11' or '@0,2,4'")
+        start, stop = int(m.group(1)), int(m.group(2) or m.group(1))
+        if stop > MAX_BLOCK_INDEX:
+            raise UnknownPolicyError(f"policy {short(spec, 60)!r} names block {stop}: no model has that many blocks")
+        if start > stop:
+            raise UnknownPolicyError(f"policy {short(spec, 60)!r}: the range {start}-{stop} is empty; write it low-high")
+        blocks.update(range(start, stop + 1))
+    return frozenset(blocks)
+
+
+def check_blocks(blocks: Optional[frozenset[int]], num_blocks: int, spec: str, model_name: str = "the model") -> None:
+    """UnknownPolicyError if ``@BLOCKS`` of policy ``spec`` names a block the model does not have."""
+    missing = sorted(b for b in blocks or () if b >= num_blocks)
+    if missing:
+        shown = ", ".join(map(str, missing[:4])) + (" ..." if len(missing) > 4 else "")
+        have = f"0-{num_blocks - 1}" if num_blocks > 1 else "0" if num_blocks == 1 else "none"
+        raise UnknownPolicyError(f"policy {short(spec, 60)!r} names block(s) {shown}, but {model_name} has {num_blocks} "
+                                 f"blocks (indices {have})")
+
+
+def resolve_policy(policy: Union[str, Policy]) -> Policy:
+    if not isinstance(policy, (str, Policy)):
+        raise UnknownPolicyError(f"a policy is a spec such as 'attn' or a Policy, not {type(policy).__name__}")
+    return policy if isinstance(policy, Policy) else Policy.parse(policy)
+
+
+@dataclass
+class RoleCount:
+    role: Role
+    total: int
+    trainable: int
+
+    @property
+    def share(self) -> float:
+        return self.trainable / self.total if self.total else 0.0
+
+
+class CountedByRole:
+    """What freezing and peft reports share: totals, JSON and the table of their per-role ``counts()``
+    (subclasses have ``model_name``, ``policy.name`` and ``role_map``)."""
+
+    def counts(self) -> list[RoleCount]:
+        raise NotImplementedError
+
+    @property
+    def total(self) -> int:
+        return sum(row.total for row in self.counts())
+
+    @property
+    def num_trainable(self) -> int:
+        return sum(row.trainable for row in self.counts())
+
+    @property
+    def trainable_share(self) -> float:
+        return self.num_trainable / self.total if self.total else 0.0
+
+    def counts_dict(self) -> dict:
+        """Model, policy and the per-role counts, the part of ``to_dict`` every report shares."""
+        return {
+            "model": self.model_name,
+            "policy": self.policy.name,
+            "roles": [
+                {"role": row.role.value, "total": row.total, "trainable": row.trainable, "share": round(row.share, 6)}
+                for row in self.counts()
+            ],
+            "total": self.total,
+            "trainable": self.num_trainable,
+            "trainable_share": round(self.trainable_share, 6),
+            "num_blocks": self.role_map.num_blocks,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def _where(self) -> dict:
+        """Per role: the blocks it lives in and the top-level tensors or modules outside blocks
+        ('blocks 0-11', 'head, head_dist', 'cls_token, dist_token')."""
+        blocks, outside = {}, {}
+        for entry in self.role_map:
+            if entry.block is not None:
+                blocks.setdefault(entry.role, set()).add(entry.block)
+            else:
+                outside.setdefault(entry.role, {})[self.role_map.top_level(entry.name)] = None
+        where = {}
+        for role in set(blocks) | set(outside):
+            parts = []
+            if role in blocks:
+                low, high = min(blocks[role]), max(blocks[role])
+                parts.append(f"blocks {low}-{high}" if high > low else f"block {low}")
+            names = list(outside.get(role, {}))
+            parts += names[:4] + ([f"+{len(names) - 4} more"] if len(names) > 4 else [])
+            where[role] = ", ".join(parts)
+        return where
+
+    def counts_table(self) -> list[str]:
+        """The header and per-role lines of ``format_table``."""
+        lines = [f"model: {self.model_name}   policy: {self.policy.name}   blocks: {self.role_map.num_blocks}", ""]
+        lines.append(f"{'role':<12} {'params':>14} {'trainable':>14} {'share':>8}   where")
+        where = self._where()
+        for row in self.counts():
+            lines.append(f"{row.role.value:<12} {row.total:>14,} {row.trainable:>14,} {row.share:>8.1%}   "
+                         f"{where.get(row.role, '')}".rstrip())
+        lines.append(f"{'total':<12} {self.total:>14,} {self.num_trainable:>14,} {self.trainable_share:>8.1%}")
+        return lines
+
+
+@dataclass
+class PolicyReport(CountedByRole):
+    """The outcome of :func:`apply_policy`: what trains, counted per role."""
+
+    model_name: str
+    policy: Policy
+    role_map: RoleMap
+    trainable: dict[str, Optional[Region]]  # name -> None (whole tensor trains) or the region that trains
+    frozen_regions: dict[str, list[Region]] = field(default_factory=dict)  # split tensors: the rows that stay
+    _handles: list = field(default_factory=list, repr=False)
+
+    def counts(self) -> list[RoleCount]:
+        rows = {role: RoleCount(role, 0, 0) for role in Role}
+        for entry in self.role_map:
+            rows[entry.role].total += entry.numel
+            if self.policy.trains(entry):
+                rows[entry.role].trainable += entry.numel
+        return [row for row in rows.values() if row.total]
+
+    def trained_tensors(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The trained part of each trainable parameter (only the trained rows of a split tensor)."""
+        params = dict(model.named_parameters())
+        out = {}
+        for name, region in self.trainable.items():
+            tensor = params[name].detach()
+            out[name] = tensor if region is None else tensor[region.index(tensor.ndim)]
+        return out
+
+    def to_dict(self) -> dict:
+        split = {name: [vars(r) for r in regions] for name, regions in self.frozen_regions.items()}
+        return {**self.counts_dict(), "split_tensors": split}
+
+    def format_table(self) -> str:
+        lines = self.counts_table()
+        if self.frozen_regions:
+            lines.append(f"\n{len(self.frozen_regions)} fused tensors are split by rows/columns; their frozen part is masked.")
+        return "\n".join(lines)
+
+    def remove_hooks(self) -> None:
+        """Detach the gradient masks and the post-step restore (e.g. before applying another policy)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def apply_policy(model: nn.Module, policy: Union[str, Policy] = "attn", role_map: Optional[RoleMap] = None) -> PolicyReport:
+    """Freeze ``model`` according to ``policy`` and report what trains.
+
+    Sets ``requires_grad`` on every parameter. Tensors split between a trained and a frozen role
+    get a gradient mask and a post-optimizer-step restore of their frozen region.
+    """
+    policy = resolve_policy(policy)
+    role_map = role_map or build_role_map(model)
+    if not role_map.names_with_role(Role.ATTENTION):
+        raise NoAttentionError(
+            f"{role_map.model_name} has no attention weights: attnft policies need a Vision Transformer "
+            "(ViT, DeiT, BEiT, EVA, CaiT, Swin, PVTv2, XCiT, MViTv2, Hiera, ...)"
+        )
+    check_blocks(policy.blocks, role_map.num_blocks, policy.name, role_map.model_name)
+    report = PolicyReport(role_map.model_name, policy, role_map, trainable=policy.select(role_map))
+    if not report.trainable:
+        raise UnknownPolicyError(f"policy {short(policy.name, 60)!r} trains nothing in {role_map.model_name}: "
+                                 "keep at least one role, e.g. 'attn' or 'head'")
+    for name, param in model.named_parameters():
+        param.requires_grad_(name in report.trainable)
+        region = report.trainable.get(name)
+        if region is None:
+            continue
+        # a fused weight split between roles: the rest of it stays frozen
+        frozen = [e.region for e in role_map.of(name) if e.region != region]
+        report.frozen_regions[name] = frozen
+        report._handles.append(param.register_hook(_zero_regions_hook(frozen)))
+    if report.frozen_regions:
+        report._handles.append(_RestoreFrozenRegions(model, report.frozen_regions).register())
+    return report
+
+
+def _zero_regions_hook(regions: list[Region]):
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        for region in regions:
+            grad[region.index(grad.ndim)] = 0
+        return grad
+
+    return hook
+
+
+class _RestoreFrozenRegions:
+    """After any optimizer step that touched these tensors, put their frozen regions back.
+
+    A zero gradient is not enough: decoupled weight decay (AdamW) and momentum still move
+    frozen rows. The snapshot is taken when the policy is applied.
+    """
+
+    def __init__(self, model: nn.Module, frozen_regions: dict[str, list[Region]]):
+        params = dict(model.named_parameters())
+        self.targets = []
+        for name, regions in frozen_regions.items():
+            param = params[name]
+            for region in regions:
+                snapshot = param.detach()[region.index(param.ndim)].clone()
+                self.targets.append((weakref.ref(param), region, snapshot))
+        self._seen: "weakref.WeakKeyDictionary[torch.optim.Optimizer, bool]" = weakref.WeakKeyDictionary()
+
+    def _touches(self, optimizer: torch.optim.Optimizer) -> bool:
+        if optimizer not in self._seen:
+            ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            self._seen[optimizer] = any(id(ref()) in ids for ref, _, _ in self.targets if ref() is not None)
+        return self._seen[optimizer]
+
+    def __call__(self, optimizer, args, kwargs) -> None:
+        if not self._touches(optimizer):
+            return
+        with torch.no_grad():
+            for ref, region, snapshot in self.targets:
+                param = ref()
+                if param is not None:
+                    param[region.index(param.ndim)].copy_(snapshot)
+
+    def register(self):
+        return register_optimizer_step_post_hook(self)
