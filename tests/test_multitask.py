@@ -294,3 +294,18 @@ def test_every_slot_belongs_to_a_served_role():
     for name in role_map.names():
         role = role_map.of(name)[0].role
         assert (name in served.slots.by_param) == (role in {Role.ATTENTION, Role.HEAD, Role.POS_EMBED, Role.TOKENS})
+
+
+def test_a_batch_at_another_size_or_empty_is_an_attnft_error_not_a_bare_assertion():
+    import pytest as _pytest
+
+    from attnft.core.errors import ConfigError
+    from attnft.multitask import MultiTaskModel
+
+    base = tiny_model("vit")
+    mt = MultiTaskModel(base)
+    size = base.patch_embed.img_size[0]
+    with _pytest.raises(ConfigError, match=f"the base is built for {size}x{size}"):
+        mt(torch.randn(2, 3, size * 2, size * 2))
+    with _pytest.raises(ConfigError, match=r"a batch is a tensor \[B >= 1"):
+        mt(torch.randn(0, 3, size, size), tasks=[])

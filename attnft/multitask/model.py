@@ -188,6 +188,9 @@ class MultiTaskModel(TaskServer[ServedTask]):
         usage["total"] = sum(usage.values())
         return usage
 
+    def base_module(self) -> nn.Module:
+        return self.base
+
     def __repr__(self) -> str:
         return f"MultiTaskModel({self.role_map.model_name}, tasks={self.tasks}, default={self._default!r})"
 

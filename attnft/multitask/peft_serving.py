@@ -54,6 +54,9 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
         self._next_id = 0
         self._batch_axis_kept: Optional[bool] = None  # probed at the first mixed batch
 
+    def base_module(self) -> nn.Module:
+        return self._base if self._base is not None else self.model.get_base_model()
+
     @classmethod
     def from_adapters(cls, base_model: nn.Module, adapters: Mapping[str, Union[str, os.PathLike]]) -> "PeftMultiTask":
         model = cls(base_model)

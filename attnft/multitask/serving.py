@@ -74,6 +74,21 @@ class TaskServer(Generic[Task]):
 
     # --- serving ------------------------------------------------------------------------
 
+    def base_module(self) -> torch.nn.Module:
+        """The shared base model."""
+        raise NotImplementedError
+
+    def _check_batch(self, x) -> None:
+        """ConfigError unless ``x`` is a non-empty batch [B, C, H, W] at the base's size (not the patch
+        embedding's bare assertion, or an IndexError for an empty one)."""
+        if not isinstance(x, torch.Tensor) or x.ndim != 4 or x.shape[0] == 0:
+            shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ConfigError(f"a batch is a tensor [B >= 1, channels, H, W], got {shape}")
+        size = _fixed_input_size(self.base_module())
+        if size is not None and tuple(x.shape[-2:]) != size:
+            raise ConfigError(f"the batch is {x.shape[-2]}x{x.shape[-1]} px, the base is built for {size[0]}x{size[1]}: "
+                              "resize the images, or build the base at their size (img_size=...)")
+
     def __call__(self, x: torch.Tensor, task: Optional[str] = None, tasks: Optional[Sequence[str]] = None):
         """``tasks`` given: :meth:`forward_mixed` (a list); else :meth:`forward` (a tensor)."""
         if tasks is not None:
@@ -85,6 +100,7 @@ class TaskServer(Generic[Task]):
     @torch.inference_mode()
     def forward(self, x: torch.Tensor, task: Optional[str] = None) -> torch.Tensor:
         """Logits (B, classes of ``task``) of a batch that is all one task (None: the one set with set_task)."""
+        self._check_batch(x)
         name = task if task is not None else self._default
         if name is None:
             if not self._tasks:
@@ -99,8 +115,9 @@ class TaskServer(Generic[Task]):
         Returns a list of B tensors in sample order, sample ``i``'s of shape (classes of
         ``tasks[i]``,); stack them when all tasks have as many classes.
         """
+        self._check_batch(x)
         if isinstance(tasks, str) or len(tasks) != x.shape[0]:
-            raise ConfigError(f"tasks= needs one task name per sample: {x.shape[0]} samples, got {tasks!r}")
+            raise ConfigError(f"tasks= needs one task name per sample: {x.shape[0]} samples, got {tasks!r}"[:300])
         served = {name: self._served(name) for name in dict.fromkeys(tasks)}  # resolved once, in order of first use
         if len(served) == 1:
             return list(self._forward(x, tasks[0], served[tasks[0]]).unbind(0))
@@ -113,3 +130,12 @@ class TaskServer(Generic[Task]):
     def _forward_mixed(self, x: torch.Tensor, tasks: list[str], served: dict[str, Task]) -> list[torch.Tensor]:
         """Logits of a batch of two or more tasks, ``served`` holding each (in order of first use)."""
         raise NotImplementedError
+
+
+def _fixed_input_size(base: torch.nn.Module) -> Optional[tuple[int, int]]:
+    """(H, W) where the base's patch embedding refuses any other size (timm's ``strict_img_size``), else None."""
+    embed = getattr(base, "patch_embed", None)
+    size = getattr(embed, "img_size", None)
+    if not getattr(embed, "strict_img_size", False) or getattr(embed, "dynamic_img_size", False) or size is None:
+        return None
+    return tuple(int(s) for s in size) if isinstance(size, (tuple, list)) else (int(size), int(size))
