@@ -65,3 +65,19 @@ def test_a_checkpoint_whose_step_is_beyond_the_run_is_refused(tiny, tmp_path, ca
     capsys.readouterr()
     assert_refused(capsys, argv + ["--resume", "--overwrite"], "is not a step of this 4-step run")
     assert os.path.exists(path)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--train-split", "train+train"], ["names train twice"]),
+    (["--train-split", "train+"], ["has an empty part"]),
+])
+def test_a_split_named_twice_or_empty_is_refused(tmp_path, capsys, flags, words):
+    argv = ["finetune", "--dataset", str(tmp_path), "--store", str(tmp_path / "store"),
+            "--output-dir", str(tmp_path / "run"), "--no-progress", *flags]
+    assert_refused(capsys, argv, *words, tmp_path=tmp_path)
+
+
+def test_a_label_column_that_is_the_image_column_is_refused(tiny, tmp_path, capsys):  # noqa: F811
+    model, data = tiny
+    assert_refused(capsys, finetune_args(model, data, tmp_path, "--label-key", "image"),
+                   "the label column and the image column", "are both 'image'")

@@ -236,3 +236,20 @@ def test_a_cache_that_cannot_be_written_or_read_is_passed_by(tmp_path, cache, mo
     entry.write_bytes(entry.read_bytes()[:100])  # torn
     assert len(load_task(root).train) == 24 and cache() == "index"
     assert load_task(root).label_names == list(CLASSES) and cache() == "cache"
+
+
+def test_a_hidden_class_folder_is_skipped_with_a_warning_not_silently(tmp_path, caplog):
+    import logging
+
+    from PIL import Image as PILImage
+
+    from attnft.data import load_task
+
+    for name in ("cat", "dog", ".bird"):
+        (tmp_path / "f" / name).mkdir(parents=True)
+        for i in range(3):
+            PILImage.new("RGB", (8, 8), (i, 0, 0)).save(tmp_path / "f" / name / f"{i}.png")
+    with caplog.at_level(logging.WARNING, logger="attnft.data.folders"):
+        task = load_task(str(tmp_path / "f"), val_fraction=0.34)
+    assert task.label_names == ["cat", "dog"]
+    assert any(".bird" in record.getMessage() and "hidden folder" in record.getMessage() for record in caplog.records)

@@ -10,6 +10,7 @@ datasets skips them; a symlinked file is read, a symlinked folder is not entered
 differently (metadata files, zip archives, sharded ``data/<split>-00000-of-00001.*`` names) is left to it.
 """
 import hashlib
+import logging
 import os
 import re
 from array import array
@@ -26,6 +27,8 @@ from datasets.table import InMemoryTable, table_cast
 from fsspec.utils import glob_translate
 
 from ..core.errors import DataError
+
+logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = frozenset(_EXTENSIONS)
 SPLIT_FOLDER_NAMES = frozenset(name for names in SPLIT_KEYWORDS.values() for name in names)
@@ -91,6 +94,9 @@ def _list_one(root: str, folder: str, directory: str, pending: list[str]) -> tup
         if not name.isascii():
             _check_utf8(entry.path, directory)
         if name[0] == ".":  # hidden: datasets never matches it
+            if entry.is_dir(follow_symlinks=False) and name not in (".git", ".ipynb_checkpoints"):
+                logger.warning("skipping the hidden folder %s/%s%s and what it holds (a leading dot hides it): rename "
+                               "it to use its images", root, folder, name)
             continue
         if entry.is_dir(follow_symlinks=False):
             if not name.startswith("__"):  # datasets' "special" folders (__pycache__)

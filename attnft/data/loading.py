@@ -257,6 +257,9 @@ def _prepare_columns(train, eval_, image_key, label_key, source):
     columns = list(features)
     image_key = _pick_column(image_key, columns, features, Image, ("image", "img"), "image", source)
     label_key = _pick_column(label_key, columns, features, ClassLabel, ("label", "labels"), "label", source)
+    if label_key == image_key:
+        raise DataError(f"the label column and the image column of {source} are both {image_key!r}: name the label "
+                        f"column with --label-key (columns: {', '.join(columns)})")
     missing = [key for key in (image_key, label_key) if eval_.features is not None and key not in eval_.features]
     if missing:
         raise DataError(f"column {missing[0]!r} missing from the eval split of {source}; "

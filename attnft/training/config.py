@@ -272,6 +272,8 @@ class FinetuneConfig:
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
+        for name in ("train_split", "eval_split"):
+            _check_split(name, getattr(self, name))
         _require(self.clip_grad is None or self.clip_grad > 0, "clip_grad must be positive")
         _require(self.layer_decay is None or 0 < self.layer_decay <= 1,
                  f"layer_decay must be in (0, 1], got {self.layer_decay}")
@@ -431,6 +433,16 @@ def _check_augmentation(cfg: FinetuneConfig) -> None:
              f"crop_pct must be in [{MIN_CROP_PCT}, 1], got {cfg.crop_pct}")
     _require(cfg.remode is None or cfg.remode in ("const", "rand", "pixel"),
              f"remode must be const, rand or pixel, got {cfg.remode!r}")
+
+
+def _check_split(name: str, split: Optional[str]) -> None:
+    """A split spec joins distinct, named splits: ``train+train`` would show every image twice."""
+    if split is None:
+        return
+    parts = [part.strip() for part in split.split("+")]
+    _require(all(parts), f"{name} {split[:60]!r} has an empty part: join split names as in 'train+validation'")
+    twice = sorted({part for part in parts if parts.count(part) > 1})
+    _require(not twice, f"{name} {split[:60]!r} names {', '.join(twice)} twice: each image would be seen twice an epoch")
 
 
 def max_workers() -> int:
