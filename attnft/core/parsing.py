@@ -88,6 +88,24 @@ def format_bytes(size: int) -> str:
     return f"{size} B"
 
 
+def check_split_spec(name: str, split) -> None:
+    """ConfigError unless ``split`` (None, or split names joined by ``+``) names distinct, non-empty splits:
+    ``train+train`` would show every image twice an epoch."""
+    if split is None:
+        return
+    parts = [part.strip() for part in split.split("+")]
+    if not all(parts):
+        raise ConfigError(f"{name} {split[:60]!r} has an empty part: join split names as in 'train+validation'")
+    twice = sorted({part for part in parts if parts.count(part) > 1})
+    if twice:
+        raise ConfigError(f"{name} {split[:60]!r} names {', '.join(twice)} twice: each image would be seen twice an epoch")
+
+
+def max_workers() -> int:
+    """The most data loader workers a run may start: 4 per core (a million would hang starting them)."""
+    return 4 * (os.cpu_count() or 1)
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, config_cls: type, recipe: bool = True) -> None:
     """One flag per field of ``config_cls`` (``--field-name``), grouped, plus ``--recipe FILE``.
 

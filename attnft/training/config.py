@@ -19,7 +19,8 @@ from typing import Any, Optional
 from ..core.augmentation import AUG_CHOICES, AUG_FIELDS, AugConfig, auto_aug_level, resolve_aug
 from ..core.errors import ConfigError
 from ..core.parsing import (  # noqa: F401  re-exported: the config's parsing, one import away
-    TASK_DEFAULT, add_config_arguments, coerce_fields, config_from_args, from_dict, load_recipe, parse_background, parse_bool,
+    TASK_DEFAULT, add_config_arguments, check_split_spec, coerce_fields, config_from_args, from_dict, load_recipe, max_workers,
+    parse_background, parse_bool,
 )
 
 # registered in timm by `import attnft.bundled`; a string here so the CLI need not import timm
@@ -273,7 +274,7 @@ class FinetuneConfig:
                 raise ConfigError(str(e)) from None
         _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
         for name in ("train_split", "eval_split"):
-            _check_split(name, getattr(self, name))
+            check_split_spec(name, getattr(self, name))
         _require(self.clip_grad is None or self.clip_grad > 0, "clip_grad must be positive")
         _require(self.layer_decay is None or 0 < self.layer_decay <= 1,
                  f"layer_decay must be in (0, 1], got {self.layer_decay}")
@@ -433,23 +434,6 @@ def _check_augmentation(cfg: FinetuneConfig) -> None:
              f"crop_pct must be in [{MIN_CROP_PCT}, 1], got {cfg.crop_pct}")
     _require(cfg.remode is None or cfg.remode in ("const", "rand", "pixel"),
              f"remode must be const, rand or pixel, got {cfg.remode!r}")
-
-
-def _check_split(name: str, split: Optional[str]) -> None:
-    """A split spec joins distinct, named splits: ``train+train`` would show every image twice."""
-    if split is None:
-        return
-    parts = [part.strip() for part in split.split("+")]
-    _require(all(parts), f"{name} {split[:60]!r} has an empty part: join split names as in 'train+validation'")
-    twice = sorted({part for part in parts if parts.count(part) > 1})
-    _require(not twice, f"{name} {split[:60]!r} names {', '.join(twice)} twice: each image would be seen twice an epoch")
-
-
-def max_workers() -> int:
-    """The most data loader workers a run may start: 4 per core (a million would hang starting them)."""
-    import os
-
-    return 4 * (os.cpu_count() or 1)
 
 
 def _require(condition: bool, message: str) -> None:
