@@ -119,12 +119,9 @@ def test_resume_at_an_epoch_boundary_continues_with_the_next_epoch(tiny, tmp_pat
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
-def test_repeated_augmentation_resumes_bitwise_mid_epoch(tiny, tmp_path):
-    """--repeated-aug 3 with random augmentation: a run resumed from a mid-epoch checkpoint ends
-    with the weights of an uninterrupted one."""
-    model, data = tiny
-    common = ["--checkpoint-every", "3", "--no-eval-before", "--eval-every", "0", "--log-every", "1",
-              "--repeated-aug", "3", "--aug", "heavy", "--auto-augment", "rand-m9-mstd0.5", "--steps", "8"]
+def _uninterrupted_and_resumed_from_step_3(model, data, tmp_path, common):
+    """Run ``a`` uninterrupted and ``b`` again from its mid-epoch step-3 checkpoint: (a's adapter tensors,
+    b's, b's checkpoint folder)."""
     assert main(finetune_args(model, data, tmp_path / "a", *common)) == 0
     assert main(finetune_args(model, data, tmp_path / "b", *common, "--name", "b")) == 0
     checkpoints = tmp_path / "b" / "run" / "checkpoints"
@@ -134,6 +131,16 @@ def test_repeated_augmentation_resumes_bitwise_mid_epoch(tiny, tmp_path):
     assert main(finetune_args(model, data, tmp_path / "b", *common, "--name", "b", "--resume", "--overwrite")) == 0
     a = load_file(str(tmp_path / "a" / "store" / "model-attn-colors-32" / "adapter_model.safetensors"))
     b = load_file(str(tmp_path / "b" / "store" / "b" / "adapter_model.safetensors"))
+    return a, b, checkpoints
+
+
+def test_repeated_augmentation_resumes_bitwise_mid_epoch(tiny, tmp_path):
+    """--repeated-aug 3 with random augmentation: a run resumed from a mid-epoch checkpoint ends
+    with the weights of an uninterrupted one."""
+    model, data = tiny
+    common = ["--checkpoint-every", "3", "--no-eval-before", "--eval-every", "0", "--log-every", "1",
+              "--repeated-aug", "3", "--aug", "heavy", "--auto-augment", "rand-m9-mstd0.5", "--steps", "8"]
+    a, b, checkpoints = _uninterrupted_and_resumed_from_step_3(model, data, tmp_path, common)
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
@@ -144,15 +151,7 @@ def test_model_ema_and_layer_decay_resume_bitwise_mid_epoch(tiny, tmp_path):
     common = ["--checkpoint-every", "3", "--no-eval-before", "--eval-every", "0", "--log-every", "1", "--steps", "8",
               "--aug", "heavy", "--auto-augment", "rand-m9-mstd0.5", "--drop-path", "0.1", "--model-ema",
               "--model-ema-decay", "0.9", "--model-ema-warmup", "--layer-decay", "0.75"]
-    assert main(finetune_args(model, data, tmp_path / "a", *common)) == 0
-    assert main(finetune_args(model, data, tmp_path / "b", *common, "--name", "b")) == 0
-    checkpoints = tmp_path / "b" / "run" / "checkpoints"
-    for path in checkpoints.iterdir():
-        if path.name != "step_00000003.pt":  # 6 steps an epoch: step 3 is mid-epoch
-            path.unlink()
-    assert main(finetune_args(model, data, tmp_path / "b", *common, "--name", "b", "--resume", "--overwrite")) == 0
-    a = load_file(str(tmp_path / "a" / "store" / "model-attn-colors-32" / "adapter_model.safetensors"))
-    b = load_file(str(tmp_path / "b" / "store" / "b" / "adapter_model.safetensors"))
+    a, b, checkpoints = _uninterrupted_and_resumed_from_step_3(model, data, tmp_path, common)
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
     live = torch.load(checkpoints / "step_00000006.pt", weights_only=True)["trainable"]
     assert any(not torch.equal(b[name], live[name]) for name in live)  # what was saved is the average

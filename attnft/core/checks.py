@@ -16,8 +16,10 @@ from .parsing import short
 
 MAX_INPUT_SIDE = 4096  # pixels: 65k tokens at 16 px patches, beyond any ViT's fine-tuning size
 MAX_CLASSES = 1_000_000
-MIN_CROP_PCT = 0.1  # as attnft.training.config's: the eval resize is res / crop_pct
+MIN_CROP_PCT = 0.1  # the eval resize is res / crop_pct: below this the images only grow out of memory
 CROP_MODES = ("center", "squash", "border")
+# timm's resize interpolations (timm.data.transforms.str_to_interp_mode) plus its "random" mix of
+# bilinear and bicubic; kept here so that the CLI need not import timm (a test keeps them in step)
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos", "random")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 _HEX64 = re.compile(r"[0-9a-f]{64}")

@@ -31,6 +31,7 @@ from timm.data import resolve_model_data_config
 from timm.models import get_model_input_config, model_entrypoint, parse_model_name
 from torch import nn
 
+from ..bundled import BACKGROUND, BUNDLED_MODELS
 from ..core.errors import AdapterError, ConfigError, UnknownModelError
 from ..core.parsing import parse_background
 from ..core.hub import hub_errors
@@ -118,8 +119,6 @@ def base_background(model: nn.Module):
     """The colour a transparent pixel becomes for this base: what its pretraining images show where
     nothing is, where known (the bundled models: black); else ``"mean"``, its normalisation mean,
     which the model sees as an all-zero input."""
-    from ..bundled import BACKGROUND, BUNDLED_MODELS
-
     architecture = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
     return BACKGROUND if architecture in BUNDLED_MODELS else "mean"
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..core.augmentation import AUG_CHOICES, AUG_FIELDS, AugConfig, auto_aug_level, resolve_aug
+from ..core.checks import INTERPOLATIONS, MIN_CROP_PCT  # noqa: F401  (one home: adapters' configs are checked alike)
 from ..core.errors import ConfigError
 from ..core.parsing import (  # noqa: F401  re-exported: the config's parsing, one import away
     TASK_DEFAULT, add_config_arguments, check_split_spec, coerce_fields, config_from_args, from_dict, load_recipe, max_workers,
@@ -36,9 +37,6 @@ DEFAULT_TASK_SETTINGS = {"max_train": 5000, "max_eval": 1000}
 DEMO_HIGH_RES_MAX_TRAIN = (224, 3000)  # (above this many pixels, this many training images)
 DEFAULT_DATASET_MAX_EVAL = DEFAULT_TASK_SETTINGS["max_eval"]  # attnft eval scores the same subset
 TRACKERS = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive")
-# timm's resize interpolations (timm.data.transforms.str_to_interp_mode) plus its "random" mix of
-# bilinear and bicubic; kept here so that the CLI need not import timm (a test keeps them in step)
-INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos", "random")
 # optimizers compute in float32 (max 3.4e38) with lr / (1 - beta1**step): beyond this a step overflows
 MAX_LR = 1e30
 MAX_BATCH = 1 << 16  # images per step (and micro-batches accumulated): beyond any machine's memory
@@ -50,7 +48,6 @@ MAX_SEED = 2**32 - 1  # numpy's and Accelerate's set_seed take 32 bits
 MAX_RANDOM_ERASING_COUNT = 100  # timm draws each region in a loop: beyond this, a run only stalls
 MAX_REPEATED_AUG = 64
 MAX_COLOR_JITTER = 10.0  # factors up to 11x: every image already white or black
-MIN_CROP_PCT = 0.1  # the eval resize is res / crop_pct: below this the images only grow out of memory
 
 
 def _opt(default: Any, help: str, *, choices: tuple | None = None, group: str = "",
