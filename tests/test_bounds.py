@@ -81,3 +81,28 @@ def test_a_label_column_that_is_the_image_column_is_refused(tiny, tmp_path, caps
     model, data = tiny
     assert_refused(capsys, finetune_args(model, data, tmp_path, "--label-key", "image"),
                    "the label column and the image column", "are both 'image'")
+
+
+@pytest.mark.parametrize("fraction, words", [
+    ("0.9999999", ["holding out 0.9999999 of", "gives 48 of 48 images"]),
+    ("1e-9", ["holding out 1e-09 of", "gives 1 of 48 images"]),
+])
+def test_a_hold_out_that_leaves_a_side_without_every_class_is_refused(tiny, tmp_path, capsys, fraction, words):  # noqa: F811
+    model, data = tiny
+    argv = finetune_args(model, os.path.join(data, "train"), tmp_path, "--val-fraction", fraction)
+    assert_refused(capsys, argv, *words, "--val-fraction", tmp_path=tmp_path)
+
+
+def test_a_saved_dataset_with_an_empty_test_split_is_refused_by_name_in_finetune_and_eval(tiny, tmp_path, capsys):  # noqa: F811
+    from datasets import ClassLabel, Dataset, DatasetDict, Features, Image
+
+    model, _ = tiny
+    features = Features({"image": Image(), "label": ClassLabel(names=["a", "b"])})
+    rows = Dataset.from_dict({"image": [torch.zeros(3, 8, 8).numpy().transpose(1, 2, 0).astype("uint8")] * 4,
+                              "label": [0, 1, 0, 1]}, features=features)
+    saved = tmp_path / "saved"
+    DatasetDict(train=rows, test=rows.select([])).save_to_disk(saved)
+    capsys.readouterr()  # datasets' progress bar
+    message = f"split 'test' of saved dataset {saved} is empty"
+    assert_refused(capsys, finetune_args(model, str(saved), tmp_path), message, tmp_path=tmp_path)
+    assert_refused(capsys, ["eval", "--model", model, "--dataset", str(saved), "--split", "test"], message)

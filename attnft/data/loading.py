@@ -241,7 +241,7 @@ def _hold_out(train, label_key: str, label_names: list[str], fraction: float, so
     n_test = math.ceil(fraction * len(labels))
     n_classes = int((counts > 0).sum())
     if min(n_test, len(labels) - n_test) < n_classes:
-        raise DataError(f"holding out {fraction:.0%} of {source} gives {n_test} of {len(labels)} images, fewer than "
+        raise DataError(f"holding out {fraction} of {source} gives {n_test} of {len(labels)} images, fewer than "
                         f"its {n_classes} classes on one side; pass another --val-fraction or --eval-split")
     generator = np.random.default_rng(HOLD_OUT_SEED)
     kept, held = next(stratified_shuffle_split_generate_indices(labels, len(labels) - n_test, n_test, rng=generator))

@@ -3,13 +3,15 @@
 :func:`attnft.data.loading.load_task` picks the source and finishes what each gives here (columns,
 hold-out, subsets) the same way for all.
 """
+import json
 import os
 from dataclasses import dataclass
 
 import datasets
-from datasets import ClassLabel, Dataset, DatasetDict
+from datasets import ClassLabel, Dataset
 
 from ..core.errors import DataError
+from ..core.parsing import short
 from . import fashion_mnist, folder_cache, folders, inaturalist
 from .images import ArrayRows
 from .presets import FASHION_MNIST, HUB, INAT_FOLDERS, INAT_JSON, PRESETS, DatasetPreset
@@ -160,19 +162,40 @@ def _load_image_folder_with_datasets(directory: str, train_split, eval_split, st
 
 
 def _load_saved(directory: str, train_split, eval_split, streaming) -> Loaded:
-    try:
-        saved = datasets.load_from_disk(directory)
-    except (OSError, ValueError) as error:
-        raise DataError(f"cannot read the saved dataset {directory}: {error}") from None
-    if isinstance(saved, Dataset):  # a single split saved on its own
-        saved = DatasetDict({"train": saved})
-    train_split, eval_split = _resolve_splits(list(saved), train_split, eval_split, f"saved dataset {directory}")
-    splits = [_concatenate([saved[part] for part in split.split("+")]) if split else None
-              for split in (train_split, eval_split)]
+    """A ``save_to_disk`` folder: only the splits asked for are read (an empty one is refused by name)."""
+    source = f"saved dataset {directory}"
+    split_folders = _saved_split_folders(directory, source)
+    train_split, eval_split = _resolve_splits(list(split_folders), train_split, eval_split, source)
+    splits = [_concatenate([_read_saved_split(split_folders[part], part, source) for part in split.split("+")])
+              if split else None for split in (train_split, eval_split)]
     if streaming:
         splits = [split.to_iterable_dataset(num_shards=folders.stream_shards(len(split))) if split else None
                   for split in splits]
     return Loaded(f"saved dataset {directory}", splits[0], splits[1], train_split, eval_split)
+
+
+def _saved_split_folders(directory: str, source: str) -> dict[str, str]:
+    """split -> its folder: those ``dataset_dict.json`` lists, or ``train`` for a Dataset saved on its own."""
+    listing = os.path.join(directory, datasets.config.DATASETDICT_JSON_FILENAME)
+    if not os.path.isfile(listing):
+        return {"train": directory}
+    try:
+        with open(listing) as f:
+            names = json.load(f)["splits"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DataError(f"cannot read the saved dataset {directory}: {listing}: {short(error)}") from None
+    return {str(name): os.path.join(directory, str(name)) for name in names}
+
+
+def _read_saved_split(folder: str, split: str, source: str) -> Dataset:
+    try:
+        with open(os.path.join(folder, datasets.config.DATASET_STATE_JSON_FILENAME)) as f:
+            empty = not json.load(f).get("_data_files")  # save_to_disk writes no Arrow file for 0 rows
+        if empty:
+            raise DataError(f"split {split!r} of {source} is empty")
+        return Dataset.load_from_disk(folder)
+    except (OSError, ValueError, AttributeError) as error:
+        raise DataError(f"cannot read split {split!r} of {source}: {short(error)}") from None
 
 
 def load_hub(path: str, source: str, train_split, eval_split, streaming, data_dir: str | None = None) -> Loaded:
