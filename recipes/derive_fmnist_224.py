@@ -12,7 +12,8 @@ is first built at ``source_img_size`` (56 px: its 4 px patches then cover 2x2 so
 timm's filter resamples the position embeddings to 14x14), and that model's kernel is resized. Bicubic upscaling mixes pixels across patch borders, which the
 resize does not model, so the whole model then trains briefly on the train set upscaled as
 ``attnft finetune`` upscales it (PIL bicubic), with the source recipe's crops and flips done at
-28 px. Writes ``<model>.safetensors`` (fp32) and ``<model>.json`` (config, time, accuracies) to
+28 px. Last, ``kernel_scale`` multiplies the kernel and the input std alike (an exact
+reparametrisation) so that the kernel is at a trained ViT's scale, not the resize's 1/16 of it. Writes ``<model>.safetensors`` (fp32) and ``<model>.json`` (config, time, accuracies) to
 ``out_dir``; copy both into ``attnft/bundled/`` to ship them.
 """
 import dataclasses
@@ -39,6 +40,7 @@ class DeriveConfig(PretrainConfig):
     source: str = "vit_fmnist_patch4_28"  # pretrained=True: the bundled weights
     source_img_size: int = 0  # build the source at this size first (its grid then the target's); 0: its own
     interpolation: str = "bicubic"  # of the patch-embedding resize, as timm's default
+    kernel_scale: int = 1  # after the adaptation: the kernel times this, the input std too (attnft.bundled.INPUT_SCALE)
     model: str = "vit_fmnist_patch32_224"
     epochs: int = 1
     lr: float = 3e-5
@@ -62,6 +64,17 @@ def derive(source: torch.nn.Module, target: torch.nn.Module, interpolation: str)
     state["patch_embed.proj.weight"] = resample_patch_embed(
         kernel, list(target.patch_embed.patch_size), interpolation=interpolation, antialias=True)
     target.load_state_dict(state)
+
+
+@torch.no_grad()
+def rescale_kernel(model: torch.nn.Module, scale: int) -> None:
+    """Multiply the patch-embedding kernel by ``scale``; with the input std times ``scale``, the same function.
+
+    The resize leaves the kernel at its source's scale over the patch area ratio (1/16 for 4 -> 16 px), far
+    below a trained kernel's; Adam moves each weight by about the learning rate whatever its size, so a full
+    fine-tune would move such a kernel by half its norm. A power of two keeps the reparametrisation exact.
+    """
+    model.patch_embed.proj.weight.mul_(scale)
 
 
 def upscale(images: torch.Tensor, size: int) -> torch.Tensor:
@@ -91,8 +104,13 @@ def main() -> None:
     model = timm.create_model(cfg.model, pretrained=False)
     derive(source, model, cfg.interpolation)
     size = model.patch_embed.img_size[0]
-    mean = torch.tensor(model.pretrained_cfg["mean"]).view(1, 3, 1, 1)
-    std = torch.tensor(model.pretrained_cfg["std"]).view(1, 3, 1, 1)
+    # the source's normalisation until the kernel is rescaled at the end, the shipped model's after
+    mean = torch.tensor(source.pretrained_cfg["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(source.pretrained_cfg["std"]).view(1, 3, 1, 1)
+    shipped_std = torch.tensor(model.pretrained_cfg["std"]).view(1, 3, 1, 1)
+    if not torch.equal(shipped_std, std * cfg.kernel_scale):
+        raise SystemExit(f"{cfg.model} normalises by std {shipped_std.flatten().tolist()}: kernel_scale {cfg.kernel_scale} "
+                         f"over the source's {std.flatten().tolist()} must match attnft.bundled.INPUT_SCALE")
     num_params = sum(p.numel() for p in model.parameters())
     source_acc = accuracy(source, test_images, test_labels, mean, std)
     derived_acc = accuracy(model, test_images, test_labels, mean, std)
@@ -106,8 +124,9 @@ def main() -> None:
     history, train_seconds = train(
         model, optimizer, cfg, train_x, train_y, lambda small: to_model_input(upscale(small, size), mean, std),
         lambda: accuracy(model, test_images, test_labels, mean, std), generator)
+    rescale_kernel(model, cfg.kernel_scale)
     save_weights_and_facts(
-        model, cfg, history, train_seconds, lambda images, labels: accuracy(model, images, labels, mean, std),
+        model, cfg, history, train_seconds, lambda images, labels: accuracy(model, images, labels, mean, shipped_std),
         test_images=len(test_labels), train_images=len(train_labels),
         command=f"PYTHONPATH=. python recipes/derive_fmnist_224.py --config {CONFIG_FILES.get(cfg.model, 'CONFIG')}",
         leading_facts=dict(derived_from=cfg.source),
