@@ -178,16 +178,13 @@ def test_presets_cover_the_papers_transfer_datasets():
     assert get_preset("inat2021").streaming and not get_preset("inat2018").streaming
 
 
-def test_inat_json_layout_maps_category_ids_to_labels_in_id_order(tmp_path):
-    root = tmp_path / "inat"
-    categories = [{"id": 12, "name": "Quercus robur", "supercategory": "Plantae"},
-                  {"id": 3, "name": "Bufo bufo", "supercategory": "Amphibia"}]
-    split_images = {"train2018": [(3, "a"), (3, "b"), (12, "c")], "val2018": [(12, "d"), (3, "e")]}
+def write_inat_json(root, categories, split_images, taxonomy=None):
+    """An iNaturalist 2018 json-layout copy: ``{split: [(category id, file stem)]}``, images red by category."""
     image_id = 0
     for split, items in split_images.items():
         images, annotations = [], []
         for category, stem in items:
-            file_name = f"train_val2018/{'Plantae' if category == 12 else 'Amphibia'}/{category}/{stem}.jpg"
+            file_name = f"train_val2018/Life/{category}/{stem}.jpg"
             os.makedirs(root / os.path.dirname(file_name), exist_ok=True)
             Image.new("RGB", (9, 9), (category * 10, 0, 0)).save(root / file_name)
             images.append({"id": image_id, "file_name": file_name, "width": 9, "height": 9})
@@ -195,11 +192,52 @@ def test_inat_json_layout_maps_category_ids_to_labels_in_id_order(tmp_path):
             image_id += 1
         (root / f"{split}.json").write_text(json.dumps(
             {"images": images, "annotations": annotations, "categories": categories}))
+    if taxonomy is not None:
+        (root / "categories.json").write_text(json.dumps(taxonomy))
+    return root
+
+
+def test_inat_json_layout_maps_category_ids_to_labels_in_id_order(tmp_path):
+    categories = [{"id": 12, "name": "Quercus robur", "supercategory": "Plantae"},
+                  {"id": 3, "name": "Bufo bufo", "supercategory": "Amphibia"}]
+    root = write_inat_json(tmp_path / "inat", categories,
+                           {"train2018": [(3, "a"), (3, "b"), (12, "c")], "val2018": [(12, "d"), (3, "e")]})
     task = load_task("inat2018", data_dir=str(root))
     assert task.label_names == ["Bufo bufo", "Quercus robur"]  # sorted by category id
     assert (len(task.train), len(task.eval)) == (3, 2)
     for image, label in all_samples(task.train) + all_samples(task.eval):
         assert image.getpixel((0, 0))[0] == (3, 12)[label] * 10
+
+
+# as 2018 and 2019 ship them: the split files number their categories, categories.json names them
+NUMBERED = [{"id": i, "name": str(i)} for i in (0, 1, 2)]
+TAXONOMY = [{"id": 0, "name": "Quercus robur", "genus": "Quercus", "family": "Fagaceae", "kingdom": "Plantae"},
+            {"id": 1, "name": "Quercus ilex", "genus": "Quercus", "family": "Fagaceae", "kingdom": "Plantae"},
+            {"id": 2, "name": "Fagus sylvatica", "genus": "Fagus", "family": "Fagaceae", "kingdom": "Plantae"}]
+INAT_SPLITS = {"train2018": [(0, "a"), (1, "b"), (2, "c"), (2, "d")], "val2018": [(1, "e"), (2, "f")]}
+
+
+def test_inat_json_names_its_classes_from_categories_json_at_the_level_asked(tmp_path):
+    root = str(write_inat_json(tmp_path / "inat", NUMBERED, INAT_SPLITS, taxonomy=TAXONOMY))
+    assert load_task("inat2018", data_dir=root).label_names == ["Quercus robur", "Quercus ilex", "Fagus sylvatica"]
+    genus = load_task("inat2018", data_dir=root, inat_category="genus")
+    assert genus.label_names == ["Fagus", "Quercus"]
+    assert [label for _, label in all_samples(genus.train)] == [1, 1, 0, 0]  # both oaks are one class
+    assert load_task("inat2018", data_dir=root, inat_category="family").label_names == ["Fagaceae"]
+
+
+def test_inat_json_without_categories_json_says_so_and_refuses_a_level_above_the_species(tmp_path, caplog):
+    root = str(write_inat_json(tmp_path / "inat", NUMBERED, INAT_SPLITS))
+    with caplog.at_level("WARNING"):
+        assert load_task("inat2018", data_dir=root).label_names == ["0", "1", "2"]
+    assert "no categories.json in" in caplog.text and "species names" in caplog.text
+    with pytest.raises(DataError, match="--inat-category genus needs the taxonomy .*categories.json, which is not there"):
+        load_task("inat2018", data_dir=root, inat_category="genus")
+    with pytest.raises(DataError, match="choose one of name, genus, family"):
+        load_task("inat2018", data_dir=str(write_inat_json(tmp_path / "t", NUMBERED, INAT_SPLITS, TAXONOMY)),
+                  inat_category="species")
+    with pytest.raises(DataError, match="--inat-category is for the iNaturalist presets with a taxonomy .*not cifar10"):
+        load_task("cifar10", inat_category="genus")
 
 
 def test_inat2021_folder_layout_streams_by_default_with_prefix_ordered_classes(tmp_path):

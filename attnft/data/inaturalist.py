@@ -3,7 +3,9 @@
 2017-2019 (and 2021's own json files): ``<root>/<split>.json`` in the COCO style,
 ``images`` (id, file_name relative to root), ``annotations`` (image_id, category_id)
 and ``categories`` (id, name); the images sit where ``file_name`` says
-(``train_val2018/Plantae/7477/<hash>.jpg``).
+(``train_val2018/Plantae/7477/<hash>.jpg``). 2018 and 2019 name their categories by number: the
+species names and the levels above them (genus, family, ...) are in ``categories.json``, a separate
+download, read when it is there (:func:`inat_json_classes`).
 
 2021: ``<root>/<split>/<NNNNN_Kingdom_Phylum_Class_Order_Family_Genus_species>/*.jpg``
 for the splits ``train`` (2.7M images), ``train_mini`` and ``val``; the class index is
@@ -14,16 +16,24 @@ undecoded (decoding happens in :mod:`attnft.data.images`). Nothing is read from 
 images here, so a missing or corrupt file is reported when it is first used.
 """
 import json
+import logging
 import os
+from dataclasses import dataclass
 
 import pyarrow as pa
 from datasets import ClassLabel, Dataset, Features, Image, IterableDataset
 from datasets.packaged_modules.imagefolder.imagefolder import IMAGE_EXTENSIONS
 
 from ..core.errors import DataError
+from ..core.parsing import short
 from .folders import image_path_dataset
 
+logger = logging.getLogger(__name__)
 _EXTENSIONS = frozenset(IMAGE_EXTENSIONS)
+# the 2018 / 2019 taxonomy, a download of its own beside the split files: [{id, name, genus, family, ...}]
+CATEGORIES_FILE = "categories.json"
+# the levels a json-layout copy can be classified at (DeiT's `--inat-category`), the species first
+INAT_LEVELS = ("name", "genus", "family", "order", "class", "phylum", "kingdom", "supercategory")
 
 
 def _features(label_names: list[str]) -> Features:
@@ -56,18 +66,64 @@ def _read_json(root: str, split: str) -> dict:
     return meta
 
 
-def inat_json_categories(root: str, split: str) -> tuple[list[int], list[str]]:
-    """Category ids sorted, and their names, from ``<root>/<split>.json``; label ``i`` is ``ids[i]``."""
+@dataclass(frozen=True)
+class InatClasses:
+    """The classes of a json-layout copy at one taxonomic level: each category's label, and the labels' names."""
+
+    label_of: dict[int, int]  # category id -> label
+    label_names: list[str]
+
+
+def _read_taxonomy(root: str) -> dict[int, dict] | None:
+    """``<root>/categories.json`` by category id, or None when it is not there."""
+    path = os.path.join(root, CATEGORIES_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            entries = json.load(f)
+        return {int(entry["id"]): entry for entry in entries}
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise DataError(f"cannot read the iNaturalist taxonomy {path}: {short(error)} (a list of "
+                        f"{{id, name, genus, family, ...}})") from None
+
+
+def inat_json_classes(root: str, split: str, level: str = "name") -> InatClasses:
+    """The categories of ``<root>/<split>.json`` as classes at ``level`` (:data:`INAT_LEVELS`).
+
+    At ``name`` (the species) each category is a class, in the order of their ids; at a level above, each
+    of its values (a genus, a family, ...) is one, in sorted order, as DeiT's iNaturalist loader counts
+    them. The names come from ``categories.json``, downloaded beside the split files; without it the
+    split's own category names (ids, for 2018 and 2019) stand, and only ``name`` can be chosen.
+    """
+    if level not in INAT_LEVELS:
+        raise DataError(f"iNaturalist category level {level!r}: choose one of {', '.join(INAT_LEVELS)}")
     categories = sorted(_read_json(root, split)["categories"], key=lambda category: category["id"])
-    return [c["id"] for c in categories], [str(c.get("name") or c["id"]) for c in categories]
+    ids = [category["id"] for category in categories]
+    taxonomy = _read_taxonomy(root)
+    if taxonomy is None:
+        if level != "name":
+            raise DataError(f"--inat-category {level} needs the taxonomy {os.path.join(root, CATEGORIES_FILE)}, "
+                            f"which is not there (download categories.json beside {split}.json)")
+        logger.warning("no %s in %s: the classes are named as %s.json names its categories (ids for 2018 and 2019); "
+                       "download categories.json beside it for species names", CATEGORIES_FILE, root, split)
+        return InatClasses({i: label for label, i in enumerate(ids)}, [str(c.get("name") or c["id"]) for c in categories])
+    unknown = [i for i in ids if i not in taxonomy or level not in taxonomy[i]]
+    if unknown:
+        raise DataError(f"{os.path.join(root, CATEGORIES_FILE)} gives no {level!r} for category {unknown[0]} of "
+                        f"{split}.json ({len(unknown)} such)")
+    if level == "name":
+        return InatClasses({i: label for label, i in enumerate(ids)}, [str(taxonomy[i]["name"]) for i in ids])
+    values = sorted({str(taxonomy[i][level]) for i in ids})
+    label_of_value = {value: label for label, value in enumerate(values)}
+    return InatClasses({i: label_of_value[str(taxonomy[i][level])] for i in ids}, values)
 
 
-def inat_json_split(root: str, split: str, category_ids: list[int], label_names: list[str],
-                    streaming: bool = False) -> Dataset | IterableDataset:
-    """The annotated images of ``<root>/<split>.json``, labelled by position in ``category_ids``."""
+def inat_json_split(root: str, split: str, classes: InatClasses, streaming: bool = False) -> Dataset | IterableDataset:
+    """The annotated images of ``<root>/<split>.json``, labelled as ``classes`` labels their categories."""
     meta = _read_json(root, split)
     file_of = {image["id"]: image["file_name"] for image in meta["images"]}
-    label_of = {category_id: label for label, category_id in enumerate(category_ids)}
+    label_of, label_names = classes.label_of, classes.label_names
     paths, labels = [], []
     for annotation in meta["annotations"]:
         category = annotation["category_id"]

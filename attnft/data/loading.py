@@ -19,7 +19,7 @@ from datasets.utils.stratify import stratified_shuffle_split_generate_indices
 
 from ..core.errors import DataError
 from .images import ArrayRows, ImageClassificationDataset, ImageClassificationIterable
-from .presets import PRESETS
+from .presets import INAT_JSON, PRESETS
 from .sources import Loaded, is_hub_id, load_hub, load_local, load_preset, looks_like_path
 
 DEFAULT_DATASET = "fashion-mnist"
@@ -103,6 +103,7 @@ def load_task(
     max_train: int | None = None,
     max_eval: int | None = None,
     val_fraction: float = DEFAULT_VAL_FRACTION,
+    inat_category: str = "name",
 ) -> TaskData:
     """Train and eval splits of ``dataset``.
 
@@ -114,6 +115,8 @@ def load_task(
     ``max_train`` / ``max_eval``: keep a seeded random subset (the first samples
     when streaming). ``val_fraction``: the share of the training images held out (seeded,
     stratified by class) when the source has no evaluation split and none is named.
+    ``inat_category``: the taxonomic level iNaturalist 2018/2019 is classified at (``name``, the
+    species; ``genus``, ``family``, ...; read from the copy's ``categories.json``).
     Raises :class:`DataError` for anything the user can fix.
     """
     if not 0 < val_fraction < 1:
@@ -131,6 +134,10 @@ def load_task(
     if dataset is not None and dataset.startswith("~"):
         dataset = os.path.expanduser(dataset)
     preset = PRESETS.get(dataset) if dataset is not None else None
+    if inat_category != "name" and (preset is None or preset.layout != INAT_JSON):
+        json_presets = ", ".join(name for name, p in PRESETS.items() if p.layout == INAT_JSON)
+        raise DataError(f"--inat-category is for the iNaturalist presets with a taxonomy ({json_presets}), "
+                        f"not {dataset or 'the default dataset'}")
 
     if preset is not None:
         image_key = image_key or preset.image_key
@@ -138,7 +145,7 @@ def load_task(
         train_split = train_split or preset.train_split
         eval_split = eval_split or preset.eval_split
         streaming = preset.streaming if streaming is None else streaming
-        loaded = load_preset(preset, data_dir, train_split, eval_split, streaming)
+        loaded = load_preset(preset, data_dir, train_split, eval_split, streaming, inat_category)
         name = preset.name
     else:
         location = data_dir or dataset

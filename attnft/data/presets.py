@@ -53,14 +53,16 @@ PRESETS: dict[str, DatasetPreset] = {
         DatasetPreset(
             name="inat2018", title="iNaturalist 2018", layout=INAT_JSON, hub_id=None,
             image_key="image", label_key="label", train_split="train2018", eval_split="val2018", num_classes=8142,
-            label_names_from="categories[].name of train2018.json",
-            notes="data_dir holds train2018.json, val2018.json and train_val2018/; 437,513 / 24,426 images",
+            label_names_from="categories.json beside train2018.json (--inat-category: name, genus, family, ...), "
+                             "else the category ids",
+            notes="data_dir holds train2018.json, val2018.json, categories.json and train_val2018/; 437,513 / 24,426 images",
         ),
         DatasetPreset(
             name="inat2019", title="iNaturalist 2019", layout=INAT_JSON, hub_id=None,
             image_key="image", label_key="label", train_split="train2019", eval_split="val2019", num_classes=1010,
-            label_names_from="categories[].name of train2019.json",
-            notes="data_dir holds train2019.json, val2019.json and train_val2019/; about 265k / 3k images",
+            label_names_from="categories.json beside train2019.json (--inat-category: name, genus, family, ...), "
+                             "else the category ids",
+            notes="data_dir holds train2019.json, val2019.json, categories.json and train_val2019/; about 265k / 3k images",
         ),
         DatasetPreset(
             name="inat2021", title="iNaturalist 2021", layout=INAT_FOLDERS, hub_id=None,

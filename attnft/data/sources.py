@@ -37,14 +37,14 @@ class Loaded:
 
 # ---- presets ------------------------------------------------------------------------------------
 
-def load_preset(preset: DatasetPreset, data_dir, train_split, eval_split, streaming) -> Loaded:
+def load_preset(preset: DatasetPreset, data_dir, train_split, eval_split, streaming, inat_category="name") -> Loaded:
     if preset.layout == FASHION_MNIST:
         return _load_fashion_mnist(preset, data_dir, train_split, eval_split)
     if preset.layout in (INAT_JSON, INAT_FOLDERS):
         if data_dir is None:
             raise DataError(f"{preset.title} is read from a local copy: pass --data-dir ({preset.notes})")
         if preset.layout == INAT_JSON:
-            return _load_inat_json(preset, data_dir, train_split, eval_split, streaming)
+            return _load_inat_json(preset, data_dir, train_split, eval_split, streaming, inat_category)
         return _load_inat_folders(preset, data_dir, train_split, eval_split, streaming)
     if preset.layout == HUB:
         if data_dir is not None:
@@ -64,10 +64,9 @@ def _load_fashion_mnist(preset, data_dir, train_split, eval_split) -> Loaded:
                    train_split, eval_split, label_names=list(fashion_mnist.LABEL_NAMES))
 
 
-def _load_inat_json(preset, root, train_split, eval_split, streaming) -> Loaded:
-    category_ids, names = inaturalist.inat_json_categories(root, train_split)
-    splits = [inaturalist.inat_json_split(root, split, category_ids, names, streaming)
-              for split in (train_split, eval_split)]
+def _load_inat_json(preset, root, train_split, eval_split, streaming, level) -> Loaded:
+    classes = inaturalist.inat_json_classes(root, train_split, level)
+    splits = [inaturalist.inat_json_split(root, split, classes, streaming) for split in (train_split, eval_split)]
     return Loaded(f"{preset.title} {root}", splits[0], splits[1], train_split, eval_split)
 
 
