@@ -2,6 +2,11 @@
 import json
 import logging
 import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
 import time
 
 import datasets
@@ -462,6 +467,28 @@ def test_hub_dataset_while_offline_fails_fast_and_says_what_to_pass():
             load_task(name)
         assert "offline" in str(error.value).lower() or "hub is off" in str(error.value)
     assert time.monotonic() - start < 5
+
+
+def test_the_download_hint_fetches_only_the_files_of_the_splits_the_preset_reads(tmp_path):
+    """Cars' repo also holds corrupted copies of its test set (~6 GB in all): the hint includes the card and
+    the train and test files only, and huggingface_hub's own CLI accepts it (offline it stops at the hub)."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    with pytest.raises(DataError) as error:
+        load_task("cars")
+    command = re.search(r"\((hf download .*?)\)", str(error.value)).group(1)
+    patterns = shlex.split(command)[shlex.split(command).index("--include"):]
+    include = [patterns[i + 1] for i, word in enumerate(patterns) if word == "--include"]
+    listing = ["README.md", ".gitattributes"] + [f"data/{split}-0000{i}-of-00002.parquet"
+                                                 for split in ("train", "test", "contrast", "pixelate") for i in (0, 1)]
+    assert sorted(filter_repo_objects(listing, allow_patterns=include)) == [
+        "README.md", "data/test-00000-of-00002.parquet", "data/test-00001-of-00002.parquet",
+        "data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet"]
+    hf = shutil.which("hf", path=os.path.dirname(sys.executable)) or shutil.which("hf")
+    argv = [hf] + shlex.split(command.replace("DIR", str(tmp_path / "cars")))[1:] + ["--dry-run"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=60)
+    assert done.returncode == 1 and "DryRunError" in done.stderr, done.stderr[-500:]  # parsed; no usage error (2)
+    assert not (tmp_path / "cars").exists()
 
 
 def test_inat_preset_without_data_dir_asks_for_it():

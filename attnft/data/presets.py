@@ -3,7 +3,7 @@
 Plain data; :func:`attnft.data.loading.load_task` reads it. Hub ids and columns were
 checked against the datasets' cards (the hub is not reachable from the test machines,
 so tests only check that a preset resolves to these values). Any hub preset also
-loads from a local copy given as ``data_dir`` (a ``huggingface-cli download`` of the
+loads from a local copy given as ``data_dir`` (an ``hf download`` of the
 repo, or a ``save_to_disk`` directory) with the same columns and splits.
 """
 from dataclasses import dataclass

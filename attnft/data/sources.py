@@ -209,7 +209,7 @@ def load_hub(path: str, source: str, train_split, eval_split, streaming, data_di
             data_files = {split: list(files) for split, files in builder.config.data_files.items() if str(split) in needed}
         loaded = datasets.load_dataset(path, data_files=data_files, streaming=streaming)
     except ConnectionError as error:
-        raise _hub_error(path, source, error) from None
+        raise _hub_error(path, source, error, (train_split, eval_split)) from None
     except datasets.exceptions.DatasetNotFoundError:
         raise DataError(f"dataset {path!r} not found on the hub (nor as a local directory); "
                         f"presets: {', '.join(PRESETS)}") from None
@@ -222,9 +222,16 @@ def load_hub(path: str, source: str, train_split, eval_split, streaming, data_di
     return Loaded(source, splits[0], splits[1], train_split, eval_split, data_files=data_files)
 
 
-def _hub_error(path: str, source: str, error: Exception) -> DataError:
-    instead = (f"pass --data-dir with a local copy (huggingface-cli download --repo-type dataset {path} "
-               f"--local-dir DIR) or a directory written by save_to_disk")
+def download_command(path: str, splits=()) -> str:
+    """The command that copies hub dataset ``path`` for ``--data-dir``: only the named splits' files when
+    they are known (``data/<split>-*``, as ``push_to_hub`` names them, and the card that holds the features)."""
+    parts = sorted({part for split in splits if split for part in split.split("+")})
+    include = "".join(f' --include "{pattern}"' for pattern in ["README.md"] + [f"data/{part}-*" for part in parts])
+    return f"hf download {path} --repo-type dataset{include if parts else ''} --local-dir DIR"
+
+
+def _hub_error(path: str, source: str, error: Exception, splits=()) -> DataError:
+    instead = f"pass --data-dir with a local copy ({download_command(path, splits)}) or a directory written by save_to_disk"
     if datasets.config.HF_HUB_OFFLINE:
         return DataError(f"{path} is not a local directory, and the hub is off "
                          f"(HF_DATASETS_OFFLINE/HF_HUB_OFFLINE); {instead}")
