@@ -14,10 +14,13 @@ For each size it measures, in one run:
 - ``load_task("inat2018")`` on a synthetic json of ``--inat`` images over 8,142 classes, mapped and streamed;
 - with ``--throughput N``: one epoch of full fine-tuning on an N-image folder, ``attnft finetune`` against a
   plain timm loop (``ImageFolder`` + ``timm.data.create_transform`` + ``DataLoader``, the same workers, model,
-  batch and AdamW), steady-state images/s over windows of 25 steps after the first.
+  batch and AdamW), steady-state images/s over windows of 25 steps after the first;
+- with ``--whole N``: the same two as whole processes (start, one epoch, top-1 on ``val``), full and attn, wall
+  seconds, the best of ``--repeats``, interleaved.
 
     python benchmarks/data_speed.py --out benchmarks/results          # 10k and 100k, ratio 1k/40k, throughput 8k
-    python benchmarks/data_speed.py --sizes 10000 --ratio-sizes 1000 4000 --throughput 0     # a quick look
+    python benchmarks/data_speed.py --sizes 10000 --ratio-sizes 1000 4000 --throughput 0 --whole 0     # a quick look
+    python benchmarks/data_speed.py --sizes --ratio-sizes --inat 0 --throughput 0 --whole 8000    # whole processes only
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from attnft.training.speed import default_workers
 
 MODEL = "vit_fmnist_patch4_28"
 TINY = ["--model", MODEL, "--max-train", "128", "--max-eval", "128", "--epochs", "1", "--workers", "0"]
@@ -187,8 +192,10 @@ def attnft_throughput(folder: Path, workers: int, work: Path) -> list[float]:
     return windows[1:]
 
 
-def plain_throughput(folder: Path, workers: int, batch: int = 64) -> list[float]:
-    """The same epoch as a user writes it with timm and torchvision: images/s of each 25-step window after the first."""
+def plain_throughput(folder: Path, workers: int, batch: int = 64, policy: str = "full",
+                     evaluate: bool = False) -> list[float]:
+    """The same epoch as a user writes it with timm and torchvision: images/s of each 25-step window after the
+    first; with ``evaluate``, then top-1 on ``folder/val`` as attnft's run ends (printed)."""
     import timm
     import torch
     from torchvision.datasets import ImageFolder
@@ -202,8 +209,10 @@ def plain_throughput(folder: Path, workers: int, batch: int = 64) -> list[float]
                                            hflip=0.0, vflip=0.0, color_jitter=None)
     train = ImageFolder(str(folder / "train"), transform=transform)
     model.reset_classifier(len(train.classes))
+    for name, p in model.named_parameters():  # attn: the attention weights, the position embeddings, the head
+        p.requires_grad = policy == "full" or ".attn." in name or name.startswith("head") or name == "pos_embed"
     loader = torch.utils.data.DataLoader(train, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.05)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-4, weight_decay=0.05)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
     model.train()
     windows, start = [], time.perf_counter()
@@ -215,7 +224,51 @@ def plain_throughput(folder: Path, workers: int, batch: int = 64) -> list[float]
         if step % WINDOW == 0:
             windows.append(WINDOW * batch / (time.perf_counter() - start))
             start = time.perf_counter()
+    if evaluate:
+        val = ImageFolder(str(folder / "val"), transform=timm.data.create_transform(**config))
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for images, labels in torch.utils.data.DataLoader(val, batch_size=2 * batch, num_workers=workers):
+                correct += (model(images).argmax(-1) == labels).sum().item()
+        print(f"top-1 {100.0 * correct / len(val):.2f}")
     return windows[1:]
+
+
+# --- whole processes: start, one epoch, evaluation -------------------------------------------------
+
+def whole_attnft(folder: Path, policy: str, workers: int, work: Path) -> float:
+    """Wall seconds of ``attnft finetune --policy P --epochs 1`` in a new process: start-up, the epoch, evaluation."""
+    run = Path(tempfile.mkdtemp(dir=work))
+    command = [sys.executable, "-m", "attnft", "finetune", "--dataset", str(folder), "--model", MODEL,
+               "--policy", policy, "--epochs", "1", "--workers", str(workers),
+               "--store", str(run / "store"), "--output-dir", str(run / "run"), "--no-progress"]
+    return _wall(command, run, {"ATTNFT_CACHE_DIR": str(run / "cache")})
+
+
+def whole_plain(folder: Path, policy: str, workers: int, work: Path) -> float:
+    """Wall seconds of :func:`plain_throughput` (with its evaluation) as a script of its own in a new process."""
+    command = [sys.executable, __file__, "--plain-epoch", str(folder), "--policy", policy, "--workers", str(workers)]
+    return _wall(command, Path(tempfile.mkdtemp(dir=work)), {})
+
+
+def _wall(command: list[str], cwd: Path, env: dict) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env={**os.environ, **env})
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    return seconds
+
+
+def time_whole(folder: Path, workers: int, work: Path, repeats: int) -> dict:
+    """The best of ``repeats`` whole processes of each (attnft, plain) x (full, attn), interleaved."""
+    times = {f"{who}_{policy}_s": [] for who in ("attnft", "plain") for policy in ("full", "attn")}
+    for _ in range(repeats):
+        for policy in ("full", "attn"):
+            times[f"attnft_{policy}_s"].append(whole_attnft(folder, policy, workers, work))
+            times[f"plain_{policy}_s"].append(whole_plain(folder, policy, workers, work))
+    return {key: min(values) for key, values in times.items()}
 
 
 # --- the report ------------------------------------------------------------------------------------
@@ -247,6 +300,13 @@ def render(results: dict) -> str:
                   f"median images/s of the {len(speed['attnft_windows'])} and {len(speed['plain_windows'])} "
                   f"{WINDOW}-step windows after the first of each run: attnft {speed['attnft']:.0f}, "
                   f"plain timm loop {speed['plain']:.0f} ({speed['attnft'] / speed['plain']:.2f}x)"]
+    whole = results.get("whole")
+    if whole:
+        lines += ["", f"one epoch on {whole['images']:,} images, whole process (start, epoch, evaluation of val), best of "
+                  f"{whole['repeats']}: attnft full {whole['attnft_full_s']:.1f} s, plain loop full "
+                  f"{whole['plain_full_s']:.1f} s ({whole['attnft_full_s'] / whole['plain_full_s']:.2f}x); attnft attn "
+                  f"{whole['attnft_attn_s']:.1f} s ({whole['attnft_attn_s'] / whole['attnft_full_s']:.2f}x its full), "
+                  f"plain attn {whole['plain_attn_s']:.1f} s"]
     return "\n".join(lines) + "\n"
 
 
@@ -276,10 +336,13 @@ def measure(args, work: Path) -> dict:
     if args.inat:
         results["inat"] = {"images": args.inat, **time_inat(make_inat_json(args.out_dir, args.inat))}
         print(json.dumps(results["inat"]), flush=True)
+    workers = default_workers() if args.workers is None else args.workers
+    if args.whole:
+        folder = make_folder(args.out_dir, args.whole, "split")
+        results["whole"] = {"images": args.whole, "workers": workers, "repeats": args.repeats,
+                            **time_whole(folder, workers, work, args.repeats)}
+        print(json.dumps(results["whole"]), flush=True)
     if args.throughput:
-        from attnft.speed import default_workers
-
-        workers = default_workers() if args.workers is None else args.workers
         folder = make_folder(args.out_dir, args.throughput, "split")
         ours, plain = [], []
         for _ in range(args.repeats):  # interleaved, so the machine's noise hits both alike
@@ -294,18 +357,24 @@ def measure(args, work: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", nargs="+", type=int, default=[10_000, 100_000])
+    parser.add_argument("--sizes", nargs="*", type=int, default=[10_000, 100_000])
     parser.add_argument("--layouts", nargs="+", default=["split", "flat"], choices=["split", "flat"])
     parser.add_argument("--ratio-sizes", nargs="*", type=int, default=[1_000, 40_000])
     parser.add_argument("--baseline", type=Path, default=None,
                         help="also time the tiny runs (first, ratio sizes) with the attnft of this checkout")
     parser.add_argument("--inat", type=int, default=100_000, help="images of the iNaturalist json; 0: skip")
     parser.add_argument("--throughput", type=int, default=8_000, help="images of the throughput folder; 0: skip")
+    parser.add_argument("--whole", type=int, default=8_000, help="images of the whole-process folder; 0: skip")
     parser.add_argument("--workers", type=int, default=None, help="loader workers of both loops (attnft's default)")
+    parser.add_argument("--plain-epoch", type=Path, default=None, help=argparse.SUPPRESS)  # whole_plain's process
+    parser.add_argument("--policy", default="full", help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out-dir", type=Path, default=Path(tempfile.gettempdir()) / "attnft-data-speed")
     parser.add_argument("--out", type=Path, default=None, help="write data_speed.{json,md} here")
     args = parser.parse_args()
+    if args.plain_epoch:
+        plain_throughput(args.plain_epoch, args.workers, policy=args.policy, evaluate=True)
+        return
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
