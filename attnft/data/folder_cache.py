@@ -3,9 +3,10 @@
 One Arrow file per folder, ``image-folders/<sha256 of the folder's real path>.arrow`` under ``$ATTNFT_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/attnft``, else ``~/.cache/attnft``; never inside the image folder. It holds one request's
 rows (absolute image path, label, split) and class names, stored with the key they were made under: a sha256 of
-the listing (every file's path, size and mtime in ns), the split names asked for, the version of ``datasets``
-whose rules split the folder, and this file's format. It is read only under the same key, so an added, removed,
-renamed or touched file, or another request, re-indexes the folder and replaces the entry. Entries are written
+the listing (every file's path: what the rows are made from), the split names asked for, the version of
+``datasets`` whose rules split the folder, and this file's format. It is read only under the same key, so an
+added, removed or renamed file, or another request, re-indexes the folder and replaces the entry; an image
+edited in place changes no row, and keeps it. Entries are written
 whole (a temporary file renamed over the old one); a cache that cannot be written is skipped, one that cannot be
 read is rebuilt.
 """
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "ATTNFT_CACHE_DIR"
 # bump when what an entry holds, or how a folder is read, changes: old entries are then re-indexed
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the listing's key holds the names alone
 _METADATA_KEY = b"attnft"
 
 

@@ -13,10 +13,8 @@ import hashlib
 import logging
 import os
 import re
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from stat import S_ISREG
 
 import pyarrow as pa
 from datasets import ClassLabel, Dataset, DatasetInfo, Features, Image, IterableDataset, Value
@@ -43,9 +41,11 @@ class Listing:
     """The files under an image folder that ``datasets`` would see, from one walk.
 
     ``root``: the folder's real path (POSIX). ``folders``: each folder's path relative to it ("" for the root, else
-    ending in "/") -> its files' names, in the order of the walk. ``key``: sha256 of every path with its size and
-    mtime (ns), in that order: an added, removed, renamed or changed file moves it (a folder the file system lists
-    in another order only costs one re-index).
+    ending in "/") -> its files' names, in the order of the walk. ``key``: sha256 of every path, in that order:
+    an added, removed or renamed file, or a file that is no longer one (a broken link), moves it (a folder the
+    file system lists in another order only costs one re-index). What an index is made from is the names alone (a
+    folder with a metadata file or an archive goes through ``datasets``, uncached), so an image edited in place
+    keeps it, and the walk needs no ``stat`` per file: ``DirEntry.is_file`` answers from the directory itself.
     """
 
     root: str
@@ -65,30 +65,28 @@ class FolderIndex:
 
 
 def list_folder(directory: str) -> Listing:
-    """Walk ``directory`` once (one ``stat`` per file). DataError for a name that is not UTF-8, or a folder that
-    cannot be read."""
+    """Walk ``directory`` once (a ``stat`` only for a symbolic link). DataError for a name that is not UTF-8, or a
+    folder that cannot be read."""
     root = Path(directory).expanduser().resolve().as_posix()
     digest = hashlib.sha256(root.encode(errors="surrogateescape"))
     folders, pending = {}, [""]
     while pending:
         folder = pending.pop()
-        names, stats = _list_one(root, folder, directory, pending)
+        names = _list_one(root, folder, directory, pending)
         digest.update("\0".join([f"\0{folder}", *names]).encode(errors="surrogateescape"))
-        digest.update(array("q", stats).tobytes())
         if names:
             folders[folder] = names
     return Listing(root, folders, digest.hexdigest())
 
 
-def _list_one(root: str, folder: str, directory: str, pending: list[str]) -> tuple[list[str], list[int]]:
-    """The files of one folder in the file system's order, with their sizes and mtimes (ns) in turn; its
-    sub-folders go to ``pending``."""
+def _list_one(root: str, folder: str, directory: str, pending: list[str]) -> list[str]:
+    """The files of one folder in the file system's order; its sub-folders go to ``pending``."""
     try:
         with os.scandir(f"{root}/{folder}" if folder else root) as it:
             entries = list(it)
     except OSError as error:
         raise DataError(f"cannot read the image folder {root}/{folder}: {error.strerror}") from None
-    names, stats = [], []
+    names = []
     for entry in entries:
         name = entry.name
         if not name.isascii():
@@ -103,13 +101,12 @@ def _list_one(root: str, folder: str, directory: str, pending: list[str]) -> tup
                 pending.append(f"{folder}{name}/")
             continue
         try:
-            info = entry.stat()  # a symlink's target
-        except OSError:  # a broken symlink, or gone since the listing
+            regular = entry.is_file()  # a symlink's target (a broken one: False)
+        except OSError:  # gone since the listing
             continue
-        if S_ISREG(info.st_mode) and name not in _IGNORED_NAMES:
+        if regular and name not in _IGNORED_NAMES:
             names.append(name)
-            stats += (info.st_size, info.st_mtime_ns)
-    return names, stats
+    return names
 
 
 def _check_utf8(path: str, directory: str) -> None:
@@ -188,11 +185,17 @@ def _images(files: list[str], labelled: dict) -> tuple[list[str], list[str]]:
     """The files imagefolder reads as images (``a.png``, also ``a.png.gz``) and their folders; the folders of those
     whose last extension is an image's, the ones it takes class names from, go into ``labelled``."""
     paths, folders = [], []
+    is_image = {}  # a name's last extension, as written -> whether it is an image's (the few a folder has)
     for path in files:
         folder, _, name = path.rpartition("/")
-        if _extension(name) in IMAGE_EXTENSIONS:
+        dot = name.rfind(".")
+        suffix = name[dot:] if dot > 0 else ""
+        image = is_image.get(suffix)
+        if image is None:
+            image = is_image[suffix] = suffix.lower() in IMAGE_EXTENSIONS
+        if image:
             labelled[folder] = None
-        elif _extension(name[:name.rfind(".")]) not in IMAGE_EXTENSIONS:
+        elif _extension(name[:dot]) not in IMAGE_EXTENSIONS:
             continue
         paths.append(path)
         folders.append(folder)
