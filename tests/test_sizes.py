@@ -18,7 +18,6 @@ KNOWN_LONG_FUNCTIONS = {
 }
 KNOWN_LONG_MODULES = {
     "models/hf_models.py": 458,
-    "tuning/memory.py": 412,
 }
 
 
