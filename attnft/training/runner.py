@@ -34,7 +34,7 @@ import contextlib
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from torch import nn
 
@@ -83,18 +83,10 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
             checkpoints = Checkpoints(plan.output_dir / CHECKPOINT_DIR, cfg.checkpoint_every, cfg.keep_checkpoints,
                                       cfg.to_dict(), accuracy_before)
             _train(plan, parts, position, clock, validation, checkpoints)
-
-            final = validate(parts.scored, validation, "eval after", position.step, position.epoch, final=True)
-            if final.num_samples and not math.isfinite(final.loss):  # finite weights, but logits that overflow
-                raise diverged(f"the evaluation loss is {final.loss} after step {position.step}", cfg.lr)
-            trained = parts.ema.module if parts.ema is not None else _trained_model(parts.model, plan)
-            result = on_main(accelerator, lambda: _save_and_report(plan, trained, final, position.step,
-                                                                   accuracy_before, resumed_from))
-            accelerator.wait_for_everyone()
-            return result
+            return _finish(plan, parts, position, validation, accuracy_before, resumed_from)
 
 
-def _start_run_folder(plan: RunPlan, resumed_step, on_exit: contextlib.ExitStack) -> MetricsLog:
+def _start_run_folder(plan: RunPlan, resumed_step: Optional[int], on_exit: contextlib.ExitStack) -> MetricsLog:
     """The output dir made this run's (config.yaml; a fresh run's stale files gone), the trackers attached, and
     the metrics log that they and metrics.jsonl share: the same records at the same steps."""
     cfg, accelerator, output_dir = plan.cfg, plan.accelerator, plan.output_dir
@@ -142,8 +134,22 @@ def _train(plan: RunPlan, parts: RunParts, position: Position, clock: StepClock,
     stop_if_weights_broken(parts.model, accelerator, cfg.lr, position.step)  # the last update is in no loss yet
 
 
-def _save_and_report(plan: RunPlan, trained: nn.Module, final: EvalResult, steps: int, accuracy_before,
-                     resumed_from) -> FinetuneResult:
+def _finish(plan: RunPlan, parts: RunParts, position: Position, validation: Validation,
+            accuracy_before: Optional[float], resumed_from: Optional[int]) -> FinetuneResult:
+    """The final evaluation, then (on the main process) the adapter saved and the run reported."""
+    accelerator = plan.accelerator
+    final = validate(parts.scored, validation, "eval after", position.step, position.epoch, final=True)
+    if final.num_samples and not math.isfinite(final.loss):  # finite weights, but logits that overflow
+        raise diverged(f"the evaluation loss is {final.loss} after step {position.step}", plan.cfg.lr)
+    trained = parts.ema.module if parts.ema is not None else _trained_model(parts.model, plan)
+    result = on_main(accelerator, lambda: _save_and_report(plan, trained, final, position.step, accuracy_before,
+                                                           resumed_from))
+    accelerator.wait_for_everyone()
+    return result
+
+
+def _save_and_report(plan: RunPlan, trained: nn.Module, final: EvalResult, steps: int,
+                     accuracy_before: Optional[float], resumed_from: Optional[int]) -> FinetuneResult:
     """On the main process: the adapter saved (where its training is not lost), result.json, the closing lines."""
     from ..models import checkpoint_bytes
 
@@ -179,7 +185,7 @@ def _save_and_report(plan: RunPlan, trained: nn.Module, final: EvalResult, steps
     return result
 
 
-def _evaluations(cfg: FinetuneConfig, eval_before: bool, steps_per_epoch) -> int:
+def _evaluations(cfg: FinetuneConfig, eval_before: bool, steps_per_epoch: Optional[int]) -> int:
     """How many evaluations the run does, for the time estimate: before (maybe), every --eval-every epochs, after."""
     return (1 if eval_before else 0) + 1 + (
         (cfg.epochs - 1) // cfg.eval_every if cfg.eval_every and steps_per_epoch else 0)
