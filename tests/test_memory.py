@@ -14,10 +14,10 @@ from attnft.tuning.memory import (
     enable_ffn_recompute,
     enable_grad_checkpointing,
     ffn_modules,
-    is_checkpointed,
     norm_modules,
     trace_cpu_memory,
 )
+from attnft.tuning.recompute import is_checkpointed
 from attnft.tuning.policy import apply_policy
 from attnft.roles import Role, build_role_map
 from tiny_models import tiny_input, tiny_model

@@ -1,7 +1,7 @@
 """Only the role map reads parameter and module names: no other module of attnft matches them.
 
-The role map (``attnft/roles/``: ``map.py`` and the family tables in ``families/``) may; every other module asks a
-:class:`attnft.roles.RoleMap` (``module_role``, ``claiming_module``, ``block_path``, ``head_of``,
+The role map (``attnft/roles/``: ``map.py``, ``walk.py``, ``names.py`` and the family tables in ``families/``) may;
+every other module asks a :class:`attnft.roles.RoleMap` (``module_role``, ``claiming_module``, ``block_path``, ``head_of``,
 ``is_bias``, ``is_grid_sized``, ``top_level``) or the name helpers of ``attnft.roles``
 (``split_first``, ``split_last``, ``module_of``, ``join_name``, ``is_under``, ``is_weight``,
 ``is_peft_tensor``). This test greps the package source for the ways names get matched.

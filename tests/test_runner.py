@@ -18,7 +18,8 @@ from attnft.cli import main
 from attnft.training.config import FinetuneConfig
 from attnft.training.results import default_adapter_name
 from attnft.training.run_folder import MetricsLog
-from attnft.training.runner import finetune, warmup_cosine_schedule
+from attnft.training.runner import finetune
+from attnft.training.schedule import warmup_cosine_schedule
 
 TINY_ARGS = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
 COLORS = {"red": (200, 40, 40), "green": (40, 200, 40), "blue": (40, 40, 200), "grey": (128, 128, 128)}

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .config import RUN_ONLY_FIELDS, FinetuneConfig
+from .config import RUN_ONLY_FIELDS
 from ..core.errors import ConfigError
 from ..core.files import io_error, remove_entry
 from .processes import on_main
@@ -36,11 +36,12 @@ class Position:
 
 
 def save_checkpoint(directory: Path, position: Position, model: nn.Module, optimizer, scheduler, accelerator,
-                    cfg: FinetuneConfig, accuracy_before: Optional[float], ema=None) -> Optional[Path]:
-    """Write ``step_N.pt`` atomically (temp file, fsync, rename) and keep the newest ``cfg.keep_checkpoints``.
+                    config: dict, keep: int, accuracy_before: Optional[float], ema=None) -> Optional[Path]:
+    """Write ``step_N.pt`` atomically (temp file, fsync, rename) and keep the newest ``keep``.
 
     Holds the trainable weights only (frozen ones come from the base), the optimizer, the
-    schedule, the fp16 scaler, the position and ``ema``'s averaged tensors (None without one).
+    schedule, the fp16 scaler, the position, the run's ``config`` (``FinetuneConfig.to_dict``, which a
+    resume compares) and ``ema``'s averaged tensors (None without one).
     Called by every process; the main one writes.
     A failed write (full disk) is one StoreError line on every process, leaving no temporary file.
     """
@@ -53,7 +54,7 @@ def save_checkpoint(directory: Path, position: Position, model: nn.Module, optim
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "scaler": accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
-            "config": cfg.to_dict(),
+            "config": config,
             "accuracy_before": accuracy_before,
             "ema": ema.trained_state() if ema is not None else None,
         }
@@ -72,7 +73,7 @@ def save_checkpoint(directory: Path, position: Position, model: nn.Module, optim
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            for old in _checkpoints(directory)[:-cfg.keep_checkpoints]:
+            for old in _checkpoints(directory)[:-keep]:
                 old.unlink()
         except OSError as e:
             remove_entry(tmp)
@@ -140,13 +141,14 @@ def latest_checkpoint(directory: Path) -> Optional[Path]:
     return found[-1] if found else None
 
 
-def find_resume_checkpoint(output_dir: Path, cfg: FinetuneConfig) -> Optional[Path]:
-    """The newest checkpoint of the run in ``output_dir``, after checking it was made with the same settings."""
+def find_resume_checkpoint(output_dir: Path, config: dict) -> Optional[Path]:
+    """The newest checkpoint of the run in ``output_dir``, after checking it was made with the same settings
+    (``config``: the resuming run's ``FinetuneConfig.to_dict``)."""
     path = latest_checkpoint(output_dir / CHECKPOINT_DIR)
     if path is None:
         return None
     saved = _read_checkpoint(path, mmap=True)["config"]  # mmap: reads no tensor
-    now = cfg.to_dict()
+    now = config
     differ = [k for k in now if k not in RUN_ONLY_FIELDS and k in saved and saved[k] != now[k]]
     if differ:
         shown = ", ".join(f"{k}={saved[k]!r} (now {now[k]!r})" for k in differ[:4])

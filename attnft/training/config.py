@@ -2,8 +2,8 @@
 
 :class:`FinetuneConfig` and :class:`EvalConfig` are plain dataclasses whose fields become
 command-line flags and recipe keys (:mod:`attnft.core.parsing` parses, re-exported here); every
-field is coerced to its type and validated when the dataclass is built, so every other module
-receives typed values.
+field is coerced to its type and validated when the dataclass is built (the ranges:
+:mod:`attnft.training.config_checks`), so every other module receives typed values.
 
 Kept free of torch / timm imports so that building the CLI stays fast. The augmentation flags
 are generated from :class:`attnft.core.augmentation.AugConfig`'s fields (one each, None: the level's
@@ -12,22 +12,19 @@ value), and :meth:`FinetuneConfig.aug_config` builds an AugConfig from them.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..core.augmentation import AUG_CHOICES, AUG_FIELDS, AugConfig, auto_aug_level, resolve_aug
 from ..core.checks import INTERPOLATIONS, MIN_CROP_PCT  # noqa: F401  (one home: adapters' configs are checked alike)
-from ..core.errors import ConfigError
 from ..core.parsing import (  # noqa: F401  re-exported: the config's parsing, one import away
     TASK_DEFAULT, add_config_arguments, check_split_spec, coerce_fields, config_from_args, from_dict, load_recipe, max_workers,
     parse_background, parse_bool,
 )
+from .config_checks import OPTIMIZERS, PRECISIONS, check_eval_settings, check_finetune_settings
 
 # registered in timm by `import attnft.bundled`; a string here so the CLI need not import timm
 DEFAULT_MODEL = "vit_fmnist_patch16_224"
-OPTIMIZERS = ("adamw", "sgd")  # timm names: "sgd" is SGD with Nesterov momentum
-PRECISIONS = ("no", "bf16", "fp16")
 # With no dataset a run is the quick demo: the bundled ViT on a subset of Fashion-MNIST (the
 # bundled sample's size). These apply where neither the recipe nor the command line sets the field
 # (FinetuneConfig() and FinetuneConfig.from_dict({}) alike).
@@ -36,18 +33,6 @@ DEFAULT_TASK_SETTINGS = {"max_train": 5000, "max_eval": 1000}
 # tokens) costs 3x the 14x14 one a step, and the headline command should end in about 4 minutes on 2 cores
 DEMO_HIGH_RES_MAX_TRAIN = (224, 3000)  # (above this many pixels, this many training images)
 DEFAULT_DATASET_MAX_EVAL = DEFAULT_TASK_SETTINGS["max_eval"]  # attnft eval scores the same subset
-TRACKERS = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive")
-# optimizers compute in float32 (max 3.4e38) with lr / (1 - beta1**step): beyond this a step overflows
-MAX_LR = 1e30
-MAX_BATCH = 1 << 16  # images per step (and micro-batches accumulated): beyond any machine's memory
-MAX_EPOCHS = 1_000_000
-MAX_STEPS = 1 << 40
-MAX_MIX_ALPHA = 100.0  # mixup / cutmix Beta(alpha, alpha): beyond a few it is a constant 0.5 mix anyway
-DISTILLATION_TAU_RANGE = (0.01, 100.0)  # exp(logits / tau) under- or overflows outside it
-MAX_SEED = 2**32 - 1  # numpy's and Accelerate's set_seed take 32 bits
-MAX_RANDOM_ERASING_COUNT = 100  # timm draws each region in a loop: beyond this, a run only stalls
-MAX_REPEATED_AUG = 64
-MAX_COLOR_JITTER = 10.0  # factors up to 11x: every image already white or black
 
 
 def _opt(default: Any, help: str, *, choices: tuple | None = None, group: str = "",
@@ -241,56 +226,10 @@ class FinetuneConfig:
         coerce_fields(self)  # also refuses NaN and inf in every float field
         if demo_train and self.res is not None and self.res > DEMO_HIGH_RES_MAX_TRAIN[0]:
             self.max_train = DEMO_HIGH_RES_MAX_TRAIN[1]
-        _require(1 <= self.batch_size <= MAX_BATCH, f"batch_size must be from 1 to {MAX_BATCH:,}, got {self.batch_size}")
-        _require(1 <= self.grad_accum <= MAX_BATCH, f"grad_accum must be from 1 to {MAX_BATCH:,}, got {self.grad_accum}")
-        _require(1 <= self.epochs <= MAX_EPOCHS, f"epochs must be from 1 to {MAX_EPOCHS:,}, got {self.epochs}")
-        _require(self.steps is None or 1 <= self.steps <= MAX_STEPS, f"steps must be from 1 to {MAX_STEPS:,}")
-        _require(self.workers is None or 0 <= self.workers <= max_workers(),
-                 f"workers must be from 0 to {max_workers()} (4 per core of this machine), got {self.workers}")
-        _require(self.res is None or self.res >= 1, "res must be a positive number of pixels")
-        _require(self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}")
-        _require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
-        _require(0 < self.lr <= MAX_LR, f"lr must be positive and at most {MAX_LR:g}, got {self.lr}")
-        _require(0 <= self.min_lr <= self.lr, f"min_lr must be between 0 and lr ({self.lr}), got {self.min_lr}")
-        _require(0 <= self.warmup_epochs <= MAX_EPOCHS, f"warmup_epochs must be from 0 to {MAX_EPOCHS:,}, got {self.warmup_epochs:g}")
-        _require(self.weight_decay >= 0, "weight_decay must not be negative")
-        # both optimizers scale the weights by (1 - lr * weight_decay) each step: at 1 or more they vanish or flip
-        _require(self.lr * self.weight_decay < 1, f"weight_decay x lr must be below 1 (each step multiplies the "
-                 f"weights by 1 - lr x weight_decay), got {self.weight_decay:g} x {self.lr:g}")
-        if self.optimizer == "sgd":  # Nesterov momentum needs some momentum
-            _require(0 < self.momentum < 1, f"momentum must be in (0, 1) for sgd (Nesterov), got {self.momentum}")
-        _require(0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}")
-        _require(0 <= self.smoothing < 1, "smoothing must be in [0, 1)")
-        _require(0 <= self.drop_path < 1, "drop_path must be in [0, 1)")
-        _check_augmentation(self)
-        _check_distillation(self)
-        if self.background is not None:
-            try:
-                parse_background(self.background)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
-        _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
-        for name in ("train_split", "eval_split"):
-            check_split_spec(name, getattr(self, name))
-        _require(self.clip_grad is None or self.clip_grad > 0, "clip_grad must be positive")
-        _require(self.layer_decay is None or 0 < self.layer_decay <= 1,
-                 f"layer_decay must be in (0, 1], got {self.layer_decay}")
-        _require(0 < self.model_ema_decay < 1, f"model_ema_decay must be in (0, 1), got {self.model_ema_decay}")
-        _require(0 <= self.seed <= MAX_SEED, f"seed must be between 0 and {MAX_SEED}, got {self.seed}")
-        _require(self.max_train is None or self.max_train >= 1, "max_train must be at least 1")
-        _require(self.max_eval is None or self.max_eval >= 1, "max_eval must be at least 1")
-        _require(self.checkpoint_every >= 0, "checkpoint_every must not be negative")
-        _require(self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1")
-        _require(self.eval_every >= 0 and self.log_every >= 1, "eval_every must be >= 0 and log_every >= 1")
-        _require(not (self.streaming and self.steps is None),
-                 "--streaming needs --steps: a streamed training split has no known length")
-        _require(self.name is None or self.name.strip() != "",
-                 "name must not be empty: leave --name out for the default MODEL-POLICY-DATASET-RES")
-        for path_field in ("model", "dataset", "data_dir", "checkpoint", "output_dir", "store"):
-            value = getattr(self, path_field)
-            _require(value is None or value.strip() != "", f"{path_field} must not be empty")
-        for tracker in self.trackers:
-            _require(tracker in TRACKERS, f"unknown tracker {tracker!r}; choose from {', '.join(TRACKERS)}")
+        if self.distillation is None:  # hard with a teacher
+            has_teacher = bool(self.teacher or self.teacher_adapter or self.teacher_checkpoint)
+            self.distillation = "hard" if has_teacher else "none"
+        check_finetune_settings(self)
 
     @property
     def trackers(self) -> list[str]:
@@ -374,18 +313,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self)  # also refuses NaN and inf in every float field
-        _require(1 <= self.batch_size <= MAX_BATCH, f"batch_size must be from 1 to {MAX_BATCH:,}, got {self.batch_size}")
-        _require(self.res is None or self.res >= 1, "res must be a positive number of pixels")
-        _require(self.crop_pct is None or MIN_CROP_PCT <= self.crop_pct <= 1,
-                 f"crop_pct must be in [{MIN_CROP_PCT}, 1], got {self.crop_pct}")
-        _require(self.max_eval is None or self.max_eval >= 1, "max_eval must be at least 1")
-        _require(0 < self.val_fraction < 1, f"val_fraction must be between 0 and 1, got {self.val_fraction}")
-        _require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
-        _require(0 <= self.workers <= max_workers(),
-                 f"workers must be from 0 to {max_workers()} (4 per core of this machine), got {self.workers}")
-        for path_field in ("model", "adapter", "dataset", "data_dir", "checkpoint", "store", "output"):
-            value = getattr(self, path_field)
-            _require(value is None or value.strip() != "", f"{path_field} must not be empty")
+        check_eval_settings(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -393,46 +321,3 @@ class EvalConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "EvalConfig":
         return from_dict(cls, values, source)
-
-
-def _check_distillation(cfg: FinetuneConfig) -> None:
-    has_teacher = bool(cfg.teacher or cfg.teacher_adapter or cfg.teacher_checkpoint)
-    if cfg.distillation is None:
-        cfg.distillation = "hard" if has_teacher else "none"
-    _require(cfg.distillation == "none" or has_teacher,
-             f"distillation {cfg.distillation} needs a teacher: pass --teacher or --teacher-adapter")
-    _require(0 <= cfg.distillation_alpha <= 1, f"distillation_alpha must be in [0, 1], got {cfg.distillation_alpha}")
-    low, high = DISTILLATION_TAU_RANGE
-    _require(low <= cfg.distillation_tau <= high, f"distillation_tau must be from {low:g} to {high:g}, got {cfg.distillation_tau:g}")
-
-
-def _check_augmentation(cfg: FinetuneConfig) -> None:
-    """The augmentation fields given, against their real ranges (None: from the level)."""
-    for name in ("reprob", "hflip", "vflip", "mixup_prob", "mixup_switch_prob"):
-        value = getattr(cfg, name)
-        _require(value is None or 0 <= value <= 1, f"{name} must be a probability in [0, 1], got {value}")
-    for name in ("mixup", "cutmix"):
-        value = getattr(cfg, name)
-        _require(value is None or 0 <= value <= MAX_MIX_ALPHA, f"{name} must be from 0 to {MAX_MIX_ALPHA:g}, got {value}")
-    # torchvision draws brightness, contrast and saturation factors from [max(0, 1 - x), 1 + x]
-    _require(cfg.color_jitter is None or 0 <= cfg.color_jitter <= MAX_COLOR_JITTER,
-             f"color_jitter must be between 0 and {MAX_COLOR_JITTER}, got {cfg.color_jitter}")
-    _require(cfg.recount is None or 1 <= cfg.recount <= MAX_RANDOM_ERASING_COUNT,
-             f"recount must be between 1 and {MAX_RANDOM_ERASING_COUNT}, got {cfg.recount}")
-    _require(1 <= cfg.repeated_aug <= MAX_REPEATED_AUG,
-             f"repeated_aug must be between 1 and {MAX_REPEATED_AUG}, got {cfg.repeated_aug}")
-    _require(cfg.train_interpolation is None or cfg.train_interpolation in INTERPOLATIONS,
-             f"train_interpolation must be one of {', '.join(INTERPOLATIONS)}, got {cfg.train_interpolation!r}")
-    for name, low, high in (("scale", 0, 1), ("ratio", 0, math.inf)):
-        value = getattr(cfg, name)
-        _require(value is None or (low < value[0] <= value[1] <= high and value[1] < math.inf),
-                 f"{name} must be two numbers LOW <= HIGH in ({low}, {high:g}], got {value}")
-    _require(cfg.crop_pct is None or MIN_CROP_PCT <= cfg.crop_pct <= 1,
-             f"crop_pct must be in [{MIN_CROP_PCT}, 1], got {cfg.crop_pct}")
-    _require(cfg.remode is None or cfg.remode in ("const", "rand", "pixel"),
-             f"remode must be const, rand or pixel, got {cfg.remode!r}")
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)

@@ -12,7 +12,6 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .config import FinetuneConfig
 from ..core.errors import DivergedError
 
 
@@ -60,14 +59,15 @@ class LossWindow:
         }
 
 
-def stop_if_diverged(window: LossWindow, accelerator, cfg: FinetuneConfig, total_steps: int) -> None:
-    """DivergedError if a loss of ``window`` was not finite: the weights are broken, nothing is saved."""
+def stop_if_diverged(window: LossWindow, accelerator, lr: float, total_steps: int) -> None:
+    """DivergedError if a loss of ``window`` was not finite: the weights are broken, nothing is saved;
+    ``lr``, the run's peak, is in the advice."""
     step = window.first_nonfinite_step(accelerator)
     if step is not None:
-        raise diverged(f"the loss was NaN or inf at step {step} of {total_steps}", cfg)
+        raise diverged(f"the loss was NaN or inf at step {step} of {total_steps}", lr)
 
 
-def stop_if_weights_broken(model: nn.Module, accelerator, cfg: FinetuneConfig, step: int) -> None:
+def stop_if_weights_broken(model: nn.Module, accelerator, lr: float, step: int) -> None:
     """DivergedError naming a trainable weight holding NaN or inf (on any process) after ``step``: one sync."""
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not trained:
@@ -76,10 +76,10 @@ def stop_if_weights_broken(model: nn.Module, accelerator, cfg: FinetuneConfig, s
     flags = accelerator.reduce(flags.to(accelerator.device), reduction="sum")
     broken = flags.nonzero().flatten().tolist()
     if broken:
-        raise diverged(f"{trained[broken[0]][0]} holds NaN or inf after step {step}", cfg)
+        raise diverged(f"{trained[broken[0]][0]} holds NaN or inf after step {step}", lr)
 
 
-def diverged(what: str, cfg: FinetuneConfig) -> DivergedError:
-    """The error that ends a diverged run: ``what`` broke, and a lower --lr to try."""
-    return DivergedError(f"training diverged: {what} (--lr {cfg.lr:g}); no adapter was saved; try a lower --lr, "
-                         f"e.g. {cfg.lr / 10:g} (with --overwrite to reuse the output dir)")
+def diverged(what: str, lr: float) -> DivergedError:
+    """The error that ends a diverged run: ``what`` broke, and a lower --lr than ``lr`` to try."""
+    return DivergedError(f"training diverged: {what} (--lr {lr:g}); no adapter was saved; try a lower --lr, "
+                         f"e.g. {lr / 10:g} (with --overwrite to reuse the output dir)")

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .config import FinetuneConfig
 from ..core.errors import ConfigError
 from .evaluate import strict_json
 from ..core.files import check_replaceable_file, io_error, pid_alive, remove_entry, write_text_atomically
@@ -45,17 +44,18 @@ def check_output_dir_usable(output_dir: Path) -> None:
         check_replaceable_file(output_dir / name, f"the run's {name}")  # a FIFO or device there is never replaced
 
 
-def check_output_dir_free(output_dir: Path, cfg: FinetuneConfig) -> None:
+def check_output_dir_free(output_dir: Path, overwrite: bool, resume: bool) -> None:
     """ConfigError if ``output_dir`` holds another run that neither --resume nor --overwrite takes on."""
     used = [p for p in (output_dir / METRICS_FILE, output_dir / CHECKPOINT_DIR, output_dir / RESULT_FILE) if p.exists()]
-    if used and not cfg.overwrite and not cfg.resume:
+    if used and not overwrite and not resume:
         raise ConfigError(f"{output_dir} holds another run ({used[0].name}): pass --resume to continue it, "
                           f"--overwrite to replace it, or --output-dir")
 
 
-def start_output_dir(output_dir: Path, cfg: FinetuneConfig, resumed_step: Optional[int]) -> None:
+def start_output_dir(output_dir: Path, config: dict, resumed_step: Optional[int]) -> None:
     """Make ``output_dir`` this run's: a fresh run (``resumed_step`` None) drops an earlier run's
-    checkpoints and logs, a resumed one what was logged after its checkpoint; config.yaml is written."""
+    checkpoints and logs, a resumed one what was logged after its checkpoint; config.yaml is written
+    from ``config`` (the run's ``FinetuneConfig.to_dict``)."""
     import yaml
 
     try:
@@ -69,7 +69,7 @@ def start_output_dir(output_dir: Path, cfg: FinetuneConfig, resumed_step: Option
     except OSError as e:
         raise io_error(e, f"preparing the output dir {output_dir}") from None
     text = ("# the resolved configuration of this run; attnft finetune --recipe this file --overwrite repeats it\n"
-            + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            + yaml.safe_dump(config, sort_keys=False))
     write_text_atomically(output_dir / RUN_CONFIG_FILE, text, f"the run's {RUN_CONFIG_FILE}")
 
 

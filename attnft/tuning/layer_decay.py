@@ -2,7 +2,7 @@
 
 Layer 0 is the stem (patch embedding, position embeddings, tokens), layers 1..N the blocks, the
 head the top; a tensor of layer ``i`` of ``L`` trains at ``lr x decay^(L - 1 - i)``, in a group
-whose ``lr_scale`` says so (:func:`attnft.training.runner.warmup_cosine_schedule` applies it). timm's
+whose ``lr_scale`` says so (:func:`attnft.training.schedule.warmup_cosine_schedule` applies it). timm's
 function builds the groups, with its no-weight-decay rules; what it is given is each tensor's
 layer, from where it is known:
 

@@ -1,0 +1,156 @@
+"""The run's first phase: everything a user can get wrong, checked before any file is written.
+
+:func:`check_run` goes from the cheap checks (typos, the machine, a taken adapter name) to the ones that
+need the model and the data (blocks, classes, batch sizes), freezes the model under the method, and
+settles what the run will write and where: the :class:`RunPlan` the other phases read.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from ..core.errors import ConfigError
+from .checkpoints import find_resume_checkpoint
+from .config import FinetuneConfig
+from .processes import check_runtime, new_accelerator, warn_if_fewer_processes
+from .results import default_adapter_name
+from .run_folder import RunLock, check_output_dir_free, check_output_dir_usable
+from .speed import default_workers
+
+if TYPE_CHECKING:
+    from ..adapters.store import AdapterStore
+
+
+@dataclass
+class RunPlan:
+    """What the checks settled: the run's config (augmentation and workers resolved), its Accelerator, the
+    data, the frozen model (``applied``: model, report, base, backbone) and where the run writes."""
+
+    cfg: FinetuneConfig
+    aug_reason: str  # why this augmentation level (``auto``'s rule, or "asked")
+    accelerator: object
+    method: object  # a freezing policy or a peft method (tuning.methods)
+    store: AdapterStore
+    task: object  # the data (data.load_task)
+    applied: object  # the method applied: the model to train, its report, the base's identity
+    new_head: bool
+    fits: Optional[bool]  # the base's head fits the dataset's classes (None: the base's names are unknown)
+    data_cfg: dict
+    res: int  # pixels
+    name: str  # the adapter's
+    output_dir: Path
+    checkpoint: Optional[Path]  # the one to resume from
+
+
+def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
+    """Everything a user can get wrong, before any file is written (typos first: cheap); what it installs in the
+    process (the frozen region's optimizer hooks) it hands to ``on_exit`` to take back."""
+    from accelerate.utils import DistributedType, set_seed
+
+    from .. import bundled  # noqa: F401  registers the default model in timm
+    from ..adapters.store import AdapterStore
+    from ..data import check_auto_augment, quiet_datasets
+    from ..models import base_label_names, create_model, data_config, head_fits
+    from ..roles import build_role_map
+    from ..tuning.methods import parse_method
+
+    method = parse_method(cfg.policy)  # a freezing policy, or peft's lora, ia3: a typo is refused before anything
+    accelerator = _accelerator(cfg)
+    check_runtime(cfg, accelerator)
+    check_auto_augment(cfg.auto_augment)
+    if method.is_peft and accelerator.distributed_type == DistributedType.FSDP:
+        raise ConfigError(f"--policy {cfg.policy} (peft) is not supported under FSDP yet: use DDP")
+    if cfg.model_ema and accelerator.distributed_type == DistributedType.FSDP:
+        raise ConfigError("--model-ema is not supported under FSDP yet: use DDP")
+    store = AdapterStore(cfg.store)
+    if cfg.name is not None:
+        store.check_writable(cfg.name, cfg.overwrite)  # a taken name or a bad store, before model and data
+    if cfg.output_dir is not None:
+        RunLock.check_free(Path(cfg.output_dir))
+    with quiet_datasets(cfg.progress):
+        model = create_model(cfg.model, checkpoint=cfg.checkpoint, img_size=cfg.res, drop_path_rate=cfg.drop_path)
+        method.check_blocks(build_role_map(model).num_blocks, cfg.model)
+        task = _load_task(cfg)
+    _check_data_fits(cfg, task, accelerator.num_processes)
+
+    cfg, aug_reason = cfg.with_aug_resolved(split_length(task.train),
+                                            cfg.batch_size * accelerator.num_processes * cfg.grad_accum)
+    if cfg.workers is None:  # from the machine's cores, and recorded in config.yaml as chosen
+        cfg = dataclasses.replace(cfg, workers=default_workers(accelerator.num_processes))
+    fits = head_fits(base_label_names(model), model.num_classes, task.label_names)
+    new_head = cfg.new_head if cfg.new_head is not None else fits is False
+    if new_head:
+        set_seed(cfg.seed)  # the same new head in every process and every resume
+        model.reset_classifier(task.num_classes)
+    elif model.num_classes != task.num_classes:
+        raise ConfigError(f"--no-new-head: the base predicts {model.num_classes} classes, "
+                          f"{task.source} has {task.num_classes}")
+    data_cfg = data_config(model, cfg.res, cfg.crop_pct, cfg.background)
+    res = int(data_cfg["input_size"][-1])
+    applied = method.apply(model)  # base: the base's identity before any weight moves (peft: in the report)
+    on_exit.callback(applied.report.remove_hooks)  # the frozen-region restore hooks every optimizer in the process
+    name = cfg.name or default_adapter_name(cfg.model, method.name, task.name, res)
+    output_dir, checkpoint = _check_where_it_writes(cfg, store, name)
+    warn_if_fewer_processes(accelerator)
+    return RunPlan(cfg=cfg, aug_reason=aug_reason, accelerator=accelerator, method=method, store=store, task=task,
+                   applied=applied, new_head=new_head, fits=fits, data_cfg=data_cfg, res=res, name=name,
+                   output_dir=output_dir, checkpoint=checkpoint)
+
+
+def _accelerator(cfg: FinetuneConfig):
+    from accelerate import DataLoaderConfiguration, DistributedDataParallelKwargs
+
+    return new_accelerator(
+        cpu=cfg.cpu,
+        mixed_precision=cfg.precision,
+        gradient_accumulation_steps=cfg.grad_accum,
+        # frozen weights have no gradient to wait for; only an unused *trainable* one needs the search
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.find_unused_parameters)],
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
+        step_scheduler_with_optimizer=False,  # the schedule counts optimizer steps, stepped by the loop
+    )
+
+
+def _load_task(cfg: FinetuneConfig):
+    from ..data import load_task
+
+    return load_task(
+        cfg.dataset, data_dir=cfg.data_dir, image_key=cfg.image_key, label_key=cfg.label_key,
+        train_split=cfg.train_split, eval_split=cfg.eval_split, streaming=cfg.streaming,
+        max_train=cfg.max_train, max_eval=cfg.max_eval, val_fraction=cfg.val_fraction,
+    )
+
+
+def _check_data_fits(cfg: FinetuneConfig, task, num_processes: int) -> None:
+    """ConfigError for a training split the run cannot take as asked: no length to count steps from, less
+    than one global batch (drop_last), fewer images than --repeated-aug repeats."""
+    from ..data import check_batch_size
+
+    if task.streaming and cfg.steps is None:
+        raise ConfigError("a streamed training split has no known length: pass --steps")
+    check_batch_size(task.train, cfg.batch_size * num_processes)  # drop_last: one global batch at least
+    if cfg.repeated_aug > 1 and not task.streaming and cfg.repeated_aug > len(task.train):
+        raise ConfigError(f"--repeated-aug {cfg.repeated_aug} is more than the {len(task.train)} training images")
+
+
+def _check_where_it_writes(cfg: FinetuneConfig, store: AdapterStore, name: str) -> tuple[Path, Optional[Path]]:
+    """The run's output dir, checked free and writable, and the checkpoint to resume from (None: a fresh run)."""
+    store.check_writable(name, cfg.overwrite)
+    output_dir = Path(cfg.output_dir or Path("runs") / name)
+    RunLock.check_free(output_dir)
+    check_output_dir_usable(output_dir)
+    checkpoint = find_resume_checkpoint(output_dir, cfg.to_dict()) if cfg.resume else None
+    if checkpoint is None:
+        check_output_dir_free(output_dir, overwrite=cfg.overwrite, resume=cfg.resume)
+    return output_dir, checkpoint
+
+
+def split_length(split) -> Optional[int]:
+    """The number of images, or None for a streamed split."""
+    try:
+        return len(split)
+    except TypeError:  # streamed
+        return None
