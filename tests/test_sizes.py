@@ -19,7 +19,6 @@ KNOWN_LONG_FUNCTIONS = {
 }
 KNOWN_LONG_MODULES = {
     "training/runner.py": 472,
-    "models/hf_models.py": 458,
     "training/config.py": 441,
     "roles/map.py": 444,
     "tuning/memory.py": 412,
