@@ -18,8 +18,8 @@ from torch import nn
 
 from .. import __version__
 from .cards import peft_model_card
-from .base import base_model_args, base_model_name, current_input_size, default_data_config, jsonable
-from ..core.errors import AdapterError, BaseMismatchError, ConfigError
+from .record import AdapterRecord
+from ..core.errors import AdapterError, BaseMismatchError
 from ..core.files import ADAPTER_FOLDER, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, sha256_file, write_directory_atomically
 from ..tuning.fingerprint import compute_fingerprint
 from ..roles import is_under
@@ -33,39 +33,33 @@ def save_peft_adapter(
     peft_model: PeftModel,
     report: PeftReport,
     path: Union[str, os.PathLike],
+    record: Optional[AdapterRecord] = None,
     *,
     overwrite: bool = False,
-    label_names: Optional[list[str]] = None,
-    metadata: Optional[dict] = None,
-    model_name: Optional[str] = None,
-    data_config: Optional[dict] = None,
 ) -> PeftAdapterInfo:
     """Save ``peft_model``'s adapter as folder ``path``: peft's two files plus ``attnft.json``.
 
-    ``model_name`` is how to create the base again (e.g. ``local-dir:PATH``); by default the
-    base's timm name. ``data_config`` is the run's (its eval crop, its background); by default the base's.
+    ``record``: what the adapter says about itself (default: the base's own, :meth:`AdapterRecord.of`):
+    how to create the base again (e.g. ``local-dir:PATH``), its classes, the run's data config (its
+    eval crop, its background); its ``training`` is kept as the sidecar's ``metadata``.
 
     Plain ``PeftModel.from_pretrained(base, path)`` loads it. The folder appears whole or not
     at all (:func:`attnft.adapters.write_directory_atomically`); an existing one is replaced
     only with ``overwrite``, else StoreError.
     """
     path = Path(path)
-    base = peft_model.get_base_model()
-    size = current_input_size(base)
-    num_classes = getattr(base, "num_classes", None)
-    if label_names is not None and len(label_names) != num_classes:
-        raise ConfigError(f"{len(label_names)} label names for a model with {num_classes} classes")
+    record = record or AdapterRecord.of(peft_model)
     sidecar = {
         "format": SIDECAR_FORMAT,
         "format_version": SIDECAR_VERSION,
         "method": report.policy.method,
         "policy": report.policy.name,
-        "model_name": model_name or base_model_name(base),
-        "model_args": base_model_args(base),
-        "input_size": size,
-        "num_classes": num_classes,
-        "label_names": list(label_names) if label_names is not None else None,
-        "data_config": jsonable(data_config if data_config is not None else default_data_config(base, size)),
+        "model_name": record.model_name,
+        "model_args": record.model_args,
+        "input_size": record.input_size,
+        "num_classes": record.num_classes,
+        "label_names": record.label_names,
+        "data_config": record.data_config,
         "base_fingerprint": report.base_fingerprint,
         "targets": {name: role.value for name, role in report.targets.modules.items()},
         "head_modules": report.targets.head,
@@ -73,7 +67,7 @@ def save_peft_adapter(
         "peft_version": PEFT_VERSION,
         "attnft_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "metadata": jsonable(metadata or {}),
+        "metadata": record.training,
     }
 
     def write(folder: Path) -> None:
@@ -88,8 +82,8 @@ def save_peft_adapter(
         sidecar["weights_bytes"] = weights.stat().st_size
         (folder / SIDECAR_FILE).write_text(json.dumps(sidecar, indent=2) + "\n")
         # peft wrote its empty template ("[More Information Needed]"); ours says what this adapter is
-        card = peft_model_card(PeftAdapterInfo.from_dict(sidecar, path), base_model_id=base.pretrained_cfg.get("hf_hub_id"),
-                               license=base.pretrained_cfg.get("license"))
+        card = peft_model_card(PeftAdapterInfo.from_dict(sidecar, path), base_model_id=record.base_model_id,
+                               license=record.license)
         (folder / CARD_FILE).write_text(card)
 
     write_directory_atomically(path, write, kind=ADAPTER_FOLDER, overwrite=overwrite)

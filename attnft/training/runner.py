@@ -82,6 +82,7 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
     from ..tuning.methods import parse_method
     from ..models import base_label_names, checkpoint_bytes, create_model, data_config, head_fits
     from ..roles import build_role_map
+    from ..adapters.record import AdapterRecord
     from ..adapters.store import AdapterStore
 
     method = parse_method(cfg.policy)  # a freezing policy, or peft's lora, ia3: a typo is refused before anything
@@ -333,12 +334,11 @@ def _finetune(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> FinetuneRes
             raise diverged(f"the evaluation loss is {final.loss} after step {position.step}", cfg)
         trained = ema.module if ema is not None else _trained_model(model, accelerator, cfg, task)
 
-        training = training_record(cfg, task, final)
+        record = AdapterRecord.of(trained, model_name=cfg.model, input_size=res, label_names=task.label_names,
+                                  data_config=data_cfg, training=training_record(cfg, task, final))
 
-        def save(into: AdapterStore) -> Path:  # in the method's format (peft: its own, the sizes the model's)
-            return into.save(name, trained, report, base, label_names=task.label_names, data_config=data_cfg,
-                             input_size=res, model_name=cfg.model, training=training,
-                             overwrite=cfg.overwrite and into is store)
+        def save(into: AdapterStore) -> Path:  # in the method's format (peft: its own)
+            return into.save(name, trained, report, base, record, overwrite=cfg.overwrite and into is store)
 
         def save_and_report() -> FinetuneResult:
             adapter_path = save_without_losing(save, store, name, output_dir)
