@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from attnft.adapters.record import AdapterRecord
 from attnft.adapters import BaseSnapshot
 from attnft.data import build_transforms, decode_image
 from attnft.models import create_model
@@ -43,7 +44,7 @@ def save_attn_adapter(store, name, num_classes, seed, *, img_size=None, overwrit
     with torch.no_grad():
         for param in (p for p in model.parameters() if p.requires_grad):
             param.add_(0.05 * torch.randn(param.shape, generator=generator))
-    store.save(name, model, report, snapshot, label_names=[f"{name}-{i}" for i in range(num_classes)],
+    store.save(name, model, report, snapshot, AdapterRecord.of(model, label_names=[f"{name}-{i}" for i in range(num_classes)]),
                overwrite=overwrite)
 
 

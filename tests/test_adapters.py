@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from attnft.adapters.record import AdapterRecord
 from attnft.adapters import (
     CARD_FILE,
     CONFIG_FILE,
@@ -84,7 +85,7 @@ def trained_vit():
 def saved(tmp_path, trained_vit):
     model, report, snapshot, base_state = trained_vit
     path = tmp_path / "cars"
-    save_adapter(path, model, report, snapshot, label_names=[f"c{i}" for i in range(NUM_CLASSES)])
+    save_adapter(path, model, report, snapshot, AdapterRecord.of(model, label_names=[f"c{i}" for i in range(NUM_CLASSES)]))
     return path
 
 
@@ -246,7 +247,7 @@ def test_adapter_trained_at_another_resolution_loads_onto_a_base_created_at_chec
 
 def test_model_that_takes_any_input_size_loads_an_adapter_of_another_size_as_it_is(tmp_path):
     model, report, snapshot, base_state = finetune("pvt_v2")
-    save_adapter(tmp_path / "a", model, report, snapshot, input_size=64)  # as a runner at 64 px records it
+    save_adapter(tmp_path / "a", model, report, snapshot, AdapterRecord.of(model, input_size=64))  # as a runner at 64 px records it
     base = fresh_base("pvt_v2", base_state)
     load_adapter(base, tmp_path / "a")
     x = torch.randn(2, 3, 64, 64)

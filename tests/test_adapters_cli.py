@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from attnft.adapters.record import AdapterRecord
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, BaseSnapshot
 from attnft.cli import main
 from attnft.tuning.policy import apply_policy
@@ -36,7 +37,7 @@ def trained():
 def store(tmp_path, trained):
     model, report, snapshot, base_state = trained
     store = AdapterStore(tmp_path / "store")
-    store.save("cars", model, report, snapshot, label_names=["a", "b", "c", "d"])
+    store.save("cars", model, report, snapshot, AdapterRecord.of(model, label_names=["a", "b", "c", "d"]))
     store.save("flowers", model, report, snapshot, mode="delta")
     save_file(base_state, str(tmp_path / "base.safetensors"))
     return store

@@ -8,6 +8,7 @@ import pytest
 import timm
 import torch
 
+from attnft.adapters.record import AdapterRecord
 from attnft.adapters import BaseSnapshot
 from attnft.bundled import BUNDLED_MODEL_28, MEAN, STD
 from attnft.core.errors import AdapterError
@@ -38,7 +39,7 @@ def bundled(tmp_path_factory):
     """An adapter trained on the bundled ViT at 56 px, exported by the CLI in a fresh process: (model, export folder, stdout)."""
     root = tmp_path_factory.mktemp("bundled")
     model, report, snapshot = one_step(create_model(BUNDLED_MODEL_28, img_size=56))
-    AdapterStore(root / "store").save("fmnist56", model, report, snapshot, model_name=BUNDLED_MODEL_28)
+    AdapterStore(root / "store").save("fmnist56", model, report, snapshot, AdapterRecord.of(model, model_name=BUNDLED_MODEL_28))
     out = subprocess.run(
         [sys.executable, "-m", "attnft", "adapters", "export", "fmnist56",
          "--store", str(root / "store"), "--out", str(root / "export")],

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnft.adapters.record import AdapterRecord
 from attnft.core.errors import AdapterError, ConfigError
 from attnft.adapters.formats import ATTNFT, PEFT, format_for, format_of, is_peft_adapter
 from attnft.adapters.store import AdapterStore
@@ -52,11 +53,11 @@ def store(tmp_path, attnft_trained, peft_trained):
     store = AdapterStore(tmp_path / "store")
     model, report, snapshot, _ = attnft_trained
     peft_model, peft_report = peft_trained
-    same = dict(label_names=LABELS, model_name="vit_small_patch16_224", training=TRAINING, mode="exact")
-    store.save("cars", model, report, snapshot, **same)
+    same = dict(label_names=LABELS, model_name="vit_small_patch16_224", training=TRAINING)
+    store.save("cars", model, report, snapshot, AdapterRecord.of(model, **same), mode="exact")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        store.save("cars-lora", peft_model, peft_report, **same)
+        store.save("cars-lora", peft_model, peft_report, record=AdapterRecord.of(peft_model, **same), mode="exact")
     return store
 
 
@@ -94,7 +95,7 @@ def test_serve_returns_the_module_that_reproduces_the_trained_logits(store, attn
     model, _, _, base_state = attnft_trained
     base = tiny_model("vit")
     base.load_state_dict(base_state)
-    served = {"cars": ATTNFT.serve(base.eval(), store.read("cars")), "cars-lora": PEFT.serve(peft_base().eval(), store.read("cars-lora"))}
+    served = {"cars": ATTNFT.load(base.eval(), store.read("cars")), "cars-lora": PEFT.load(peft_base().eval(), store.read("cars-lora"))}
     x = tiny_input(base)
     with torch.no_grad():
         assert served["cars"] is base and torch.equal(served["cars"](x), model(x))

@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
+from attnft.adapters.record import AdapterRecord
 from attnft.adapters import BaseSnapshot, load_adapter
 from attnft.cli import main
 from attnft.models import create_model
@@ -147,7 +148,7 @@ def test_the_adapter_cards_plain_transformers_code_gives_attnfts_logits_at_anoth
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     model(torch.randn(4, 3, 48, 48)).pow(2).mean().backward()
     optimizer.step()
-    store.save("head48", model.eval(), report, snapshot, model_name=base)
+    store.save("head48", model.eval(), report, snapshot, AdapterRecord.of(model, model_name=base))
     assert not [n for n in store.read("head48").config.tensors if "position" in n]
     folders = [store.path("head48"), AdapterStore(store_dir).path("colors")]
     snippets = []
@@ -167,7 +168,8 @@ def test_a_lora_adapter_loads_in_plain_peft_with_the_same_logits(base, tmp_path)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     model(torch.randn(4, 3, 48, 48)).pow(2).mean().backward()
     optimizer.step()
-    AdapterStore(tmp_path / "store").save("lora", model.eval(), report, label_names=list(COLORS), model_name=base)
+    AdapterStore(tmp_path / "store").save("lora", model.eval(), report,
+                                         record=AdapterRecord.of(model, label_names=list(COLORS), model_name=base))
     folder = base.split(":", 1)[1]
     code = f"""
 from peft import PeftModel
@@ -192,7 +194,7 @@ def test_mixed_task_batches_equal_each_tasks_merged_model_with_the_ffn_run_once(
         optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
         model(torch.randn(4, 3, 48, 48)).pow(2).mean().backward()
         optimizer.step()
-        store.save(f"task{seed}", model.eval(), report, snapshot, model_name=base)
+        store.save(f"task{seed}", model.eval(), report, snapshot, AdapterRecord.of(model, model_name=base))
     served = MultiTaskModel.from_store(store, ["task0", "task1"], base_model=create_model(base, img_size=48))
     ffn_calls = []
     served.base.vit.layers[0].mlp.register_forward_hook(lambda *args: ffn_calls.append(1))

@@ -325,7 +325,7 @@ def test_an_exported_processor_crops_as_attnft_evaluated():
     """DeiT's processor resizes to 256 x 256 and crops 224: at 384 px the export resizes to 439 and crops 384."""
     from transformers import DeiTImageProcessor
 
-    from attnft.adapters.hf_export import export_processor
+    from attnft.models.hf_library import export_processor
     from attnft.models.hf_models import processor_data_config
 
     processor = DeiTImageProcessor().to_dict()

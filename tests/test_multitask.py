@@ -5,6 +5,7 @@ import threading
 import pytest
 import torch
 
+from attnft.adapters.record import AdapterRecord
 from attnft.adapters import BaseSnapshot, load_adapter
 from attnft.core.errors import AdapterError, BaseMismatchError, ConfigError
 from attnft.multitask import MultiTaskModel, TaskWeights
@@ -258,7 +259,8 @@ def save_three_adapters(store, base, mode):
         report = apply_policy(model, "attn")
         snapshot = BaseSnapshot.capture(model, report)
         model, _ = fine_tune(model, None, seed)
-        store.save(f"task{seed}", model, report, snapshot, mode=mode, label_names=[f"c{i}" for i in range(num_classes)])
+        store.save(f"task{seed}", model, report, snapshot, AdapterRecord.of(model, label_names=[f"c{i}" for i in range(num_classes)]),
+                   mode=mode)
 
 
 @pytest.mark.parametrize("family,mode", [("vit", "exact"), ("swin", "delta"), ("xcit", "exact")])

@@ -9,6 +9,7 @@ import torch
 from peft import PeftModel
 from torch import nn
 
+from attnft.adapters.record import AdapterRecord
 from attnft.adapters import peft_sidecar
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterConfig, BaseSnapshot
 from attnft.cli import main
@@ -70,7 +71,7 @@ def store(tmp_path, trained):
     _, peft_models, (model, report, snapshot) = trained
     store = AdapterStore(tmp_path / "store")
     for name, (peft_model, peft_report) in peft_models.items():
-        store.save(name, peft_model, peft_report, label_names=["a", "b", "c", "d"])
+        store.save(name, peft_model, peft_report, record=AdapterRecord.of(peft_model, label_names=["a", "b", "c", "d"]))
     store.save(ATTNFT_TASK, model, report, snapshot)
     return store
 

@@ -9,6 +9,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 
+from attnft.adapters.record import AdapterRecord
 from attnft.core.errors import AdapterError, BaseMismatchError, StoreError, UnknownPolicyError
 from attnft.tuning.peft.spec import IA3Options, LoraOptions, PeftPolicy
 from attnft.multitask.peft_serving import PeftMultiTask
@@ -268,7 +269,7 @@ def test_finetuned_lora_reloads_with_plain_peft_and_attnft_to_the_same_logits(tm
 
 def test_the_folder_is_peft_format_with_an_attnft_sidecar(tmp_path):
     base, peft_model, report = _trained_lora()
-    info = save_peft_adapter(peft_model, report, tmp_path / "a", label_names=["a", "b", "c", "d"])
+    info = save_peft_adapter(peft_model, report, tmp_path / "a", AdapterRecord.of(peft_model, label_names=["a", "b", "c", "d"]))
     config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA"
     assert sorted(config["target_modules"]) == sorted(report.targets.modules)

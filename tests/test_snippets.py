@@ -12,6 +12,7 @@ import timm
 import torch
 from timm.models._hub import save_for_hf
 
+from attnft.adapters.record import AdapterRecord
 from attnft.adapters import BaseSnapshot
 from attnft.bundled import BUNDLED_MODEL_28, BUNDLED_MODEL_224, LABEL_NAMES, weights_path
 from attnft.cli import main
@@ -34,7 +35,7 @@ def trained_adapter(store: AdapterStore, name: str, model_name: str, mode: str =
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     model(random_input(model)).pow(2).mean().backward()
     optimizer.step()
-    store.save(name, model.eval(), report, snapshot, model_name=model_name, mode=mode)
+    store.save(name, model.eval(), report, snapshot, AdapterRecord.of(model, model_name=model_name), mode=mode)
     return model
 
 
@@ -135,8 +136,9 @@ def test_a_peft_adapters_card_is_filled_and_runs_with_plain_peft_and_with_attnft
     peft_model(random_input(base)).pow(2).mean().backward()
     optimizer.step()
     store = AdapterStore(tmp_path / "store")
-    store.save("fmnist-lora", peft_model.eval(), report, model_name=BUNDLED_MODEL_28, label_names=list(LABEL_NAMES),
-               training={"dataset": "fashion-mnist", "top1": 91.25})
+    store.save("fmnist-lora", peft_model.eval(), report,
+               record=AdapterRecord.of(peft_model, model_name=BUNDLED_MODEL_28, label_names=list(LABEL_NAMES),
+                                       training={"dataset": "fashion-mnist", "top1": 91.25}))
     card = (store.path("fmnist-lora") / "README.md").read_text()
     assert "[More Information Needed]" not in card
     for fact in ("vit_fmnist_patch4_28", "lora:r=4", "56 px", "fashion-mnist", "91.25%", "T-shirt/top"):

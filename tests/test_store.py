@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnft.adapters.record import AdapterRecord
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, BaseSnapshot
 from attnft.core.errors import AdapterError, OfflineError, StoreError
 from attnft.core.files import FolderKind, write_directory_atomically
@@ -107,7 +108,7 @@ def test_delete_removes_the_adapter_and_only_it(store):
 def test_save_passes_the_delta_dtype_and_license_to_the_format(tmp_path, vit):
     model, report, snapshot, _ = vit
     store = AdapterStore(tmp_path / "store")
-    store.save("bf16", model, report, snapshot, mode="delta", delta_dtype="bfloat16", license="mit")
+    store.save("bf16", model, report, snapshot, AdapterRecord.of(model, license="mit"), mode="delta", delta_dtype="bfloat16")
     assert store.config("bf16").delta_dtype == "bfloat16"
     assert "license: mit" in (store.path("bf16") / "README.md").read_text()
 

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from attnft.adapters.record import AdapterRecord
 from attnft.adapters import CONFIG_FILE
 from attnft.cli import main
 from attnft.core.errors import AdapterError, AttnftError
@@ -114,10 +115,10 @@ def test_what_read_refuses_is_never_saved(tmp_path, trained):  # noqa: F811
     store = AdapterStore(tmp_path / "store")
     trained = trained[:3]
     with pytest.raises(AdapterError, match="input_size must be an integer from 1"):
-        store.save("bad", *trained, input_size=-3)
+        store.save("bad", *trained, AdapterRecord.of(trained[0], input_size=-3))
     with pytest.raises(AdapterError, match="crop_pct"):
-        store.save("bad", *trained, data_config={"input_size": [3, 32, 32], "mean": [0.5] * 3, "std": [0.5] * 3,
-                                                  "crop_pct": 0, "interpolation": "bicubic"})
+        store.save("bad", *trained, AdapterRecord.of(trained[0], data_config={
+            "input_size": [3, 32, 32], "mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 0, "interpolation": "bicubic"}))
     assert not store.path("bad").exists()
 
 

@@ -29,7 +29,8 @@ reader sees the old adapter or the new one, never a half-written one. Reading ch
 header, the size and the sha256 against the config before any tensor is parsed, and never
 unpickles. A tensor holding NaN or inf is never saved, and reading or verifying refuses one.
 
-Layout: :mod:`.config` (the JSON and the adapter in memory), :mod:`.save`, :mod:`.read`
+Layout: :mod:`.config` (the JSON and the adapter in memory), :mod:`.record` (what the caller says an
+adapter is: base, size, classes, data config, training, licence), :mod:`.save`, :mod:`.read`
 (and verify), :mod:`.load`, :mod:`.base` (what is recorded to create the base again). The
 fingerprint, the card and the atomic writes are re-exported here from their own modules.
 """
@@ -47,11 +48,12 @@ from .base import base_model_args, base_model_name, current_input_size, default_
 from .config import CARD_FILE, CONFIG_FILE, DELTA_DTYPES, FORMAT, FORMAT_VERSION, MODES, WEIGHTS_FILE, Adapter, AdapterConfig
 from .load import expected_tensors, load_adapter
 from .read import check_finite, check_finite_file, check_num_classes, read_adapter, read_config, safetensors_header, verify_adapter
+from .record import AdapterRecord
 from .save import save_adapter
 
 __all__ = [
     "CARD_FILE", "CONFIG_FILE", "WEIGHTS_FILE", "FORMAT", "FORMAT_VERSION", "MODES", "DELTA_DTYPES",
-    "Adapter", "AdapterConfig", "BaseSnapshot",
+    "Adapter", "AdapterConfig", "AdapterRecord", "BaseSnapshot",
     "compute_fingerprint", "unfingerprinted_names",
     "save_adapter", "read_config", "read_adapter", "verify_adapter", "load_adapter", "expected_tensors",
     "check_finite", "check_finite_file", "check_num_classes", "safetensors_header", "sha256_file",

@@ -1,25 +1,33 @@
-"""The model card (``README.md``) of an attnft adapter folder, so the folder can be pushed to a hub repo as it is."""
+"""Every model card (``README.md``) attnft writes, so a folder can be pushed to a hub repo as it is: an attnft
+adapter's (:func:`model_card`), a peft adapter's (:func:`peft_model_card`) and a merged export's (:func:`export_card`).
+
+What differs by the base's library (the lines that create the base, with attnft or alone) the base's
+:class:`attnft.models.library.ModelLibrary` says.
+"""
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Optional
 
-from ..core.errors import AdapterError
-from ..models.hf_models import is_transformers_name
+from ..models import library_for_name
+from ..models.library import PlainExport
 
 if TYPE_CHECKING:
     from .config import AdapterConfig
+    from .peft_sidecar import PeftAdapterInfo
 
 
 def model_card(config: "AdapterConfig", title: str, license: Optional[str] = None) -> str:
     """README.md with Hugging Face metadata (YAML front matter) describing an adapter folder."""
     from huggingface_hub import ModelCardData
 
+    library = library_for_name(config.model_name)
     metadata = ModelCardData(
         library_name="attnft",
         pipeline_tag="image-classification",
         license=license or "other",
         base_model=config.base_model_id or config.model_name,
-        tags=["attnft", _library(config), "image-classification", "vision-transformer", "attention-fine-tuning", f"policy-{config.policy}"],
+        tags=["attnft", library.name, "image-classification", "vision-transformer", "attention-fine-tuning", f"policy-{config.policy}"],
     )
     dc = config.data_config
     storage = f"exact {config.dtype}" if config.mode == "exact" else f"delta {config.delta_dtype} (trained - base; head and position tables exact)"
@@ -50,48 +58,22 @@ It loads only onto the base it was trained on; attnft checks that by fingerprint
 | crop / interpolation | {dc.get('crop_pct')} {dc.get('crop_mode', '')} / {dc.get('interpolation')} |
 | timm / attnft | {config.timm_version} / {config.attnft_version} |
 
-## Use with {_library(config)} alone
+## Use with {library.name} alone
 
-{_plain_use(config)}
+{library.plain_adapter_use(config)}
 ## Use with attnft
 
-{_attnft_use(config)}
-`attnft adapters pull ORG/REPO NAME` stores a verified copy; `attnft adapters export NAME --out DIR`
-merges it into the base as a folder plain {_library(config)} loads.
-{labels}"""
-
-
-def _attnft_use(config: "AdapterConfig") -> str:
-    """The card's section that loads the adapter with attnft: timm creates a timm base, attnft a transformers one."""
-    if is_transformers_name(config.model_name):
-        create = f"""from attnft.models import create_model
-
-model = create_model("{config.model_name}", img_size={config.input_size})"""
-    else:
-        create = f"""import timm
-
-model = timm.create_model("{config.model_name}", pretrained=True)"""
-    return f"""```python
-{create}
+```python
+{library.attnft_create(config, "model", classes=False)}
 from attnft.adapters import load_adapter  # importing attnft registers its bundled models in timm
 
 load_adapter(model, "path/to/this/folder")  # checks the base's fingerprint, sets the head and input size
 model.eval()
 ```
-"""
 
-
-# the lines of a card that copy an adapter into a base with timm and safetensors alone
-_PLAIN_LOAD = """state = model.state_dict()  # shares memory with the model's parameters
-for name, stored in load_file(f"{folder}/adapter_model.safetensors").items():
-    entry, target = config["tensors"][name], state[name]
-    if entry["region"]:
-        region = entry["region"]
-        target = target.narrow(region["dim"], region["start"], region["stop"] - region["start"])
-    target.copy_(target.float() + stored.float() if entry["stored"] == "delta" else stored)
-model.eval()
-transform = timm.data.create_transform(**config["data_config"])
-"""
+`attnft adapters pull ORG/REPO NAME` stores a verified copy; `attnft adapters export NAME --out DIR`
+merges it into the base as a folder plain {library.name} loads.
+{labels}"""
 
 
 def _trained_roles(config: "AdapterConfig") -> str:
@@ -100,36 +82,88 @@ def _trained_roles(config: "AdapterConfig") -> str:
     return ", ".join(roles) or "no tensor"
 
 
-def _library(config: "AdapterConfig") -> str:
-    """The library that builds the adapter's base: transformers or timm."""
-    return "transformers" if is_transformers_name(config.model_name) else "timm"
+def peft_model_card(info: "PeftAdapterInfo", *, base_model_id: Optional[str] = None, license: Optional[str] = None) -> str:
+    """README.md for a peft adapter folder: hub metadata, what was trained on what, and how to load it.
 
+    ``info.metadata`` may hold ``dataset`` (its name) and ``top1`` (accuracy in percent) to show.
+    """
+    from huggingface_hub import ModelCardData
 
-def _plain_use(config: "AdapterConfig") -> str:
-    """The card's section that loads the adapter with the base's library alone (and safetensors), no attnft."""
-    from ..models.plain_timm import base_build
+    library = library_for_name(info.model_name)
+    metadata = ModelCardData(
+        library_name="peft",
+        pipeline_tag="image-classification",
+        license=license or "other",
+        base_model=base_model_id or info.model_name,
+        tags=["attnft", "peft", info.method, library.name, "image-classification", "vision-transformer"],
+    )
+    roles = ", ".join(f"{role} {count}" for role, count in sorted(Counter(info.targets.values()).items()))
+    dc = info.data_config
+    rows = [
+        ("base model", f"`{info.model_name}`"),
+        ("base fingerprint", f"`{info.base_fingerprint[:16]}...`"),
+        ("policy", f"`{info.policy}`"),
+        ("adapted modules", f"{len(info.targets)} ({roles})"),
+        ("trained whole", ", ".join(f"`{m}`" for m in info.head_modules) or "nothing (head frozen)"),
+        ("input size", f"{info.input_size} px"),
+        ("classes", f"{info.num_classes} ({_first_names(info.label_names)})" if info.label_names else f"{info.num_classes}"),
+    ]
+    if info.metadata.get("dataset"):
+        rows.append(("data", f"`{info.metadata['dataset']}`"))
+    if info.metadata.get("top1") is not None:
+        rows.append(("top-1 accuracy", f"{info.metadata['top1']:.2f}%"))
+    rows += [
+        ("mean / std", f"{dc.get('mean')} / {dc.get('std')}"),
+        ("peft / attnft", f"{info.peft_version} / {info.attnft_version}"),
+    ]
+    table = "\n".join(f"| {key} | {value} |" for key, value in rows)
+    return f"""---
+{metadata.to_yaml()}
+---
 
-    if is_transformers_name(config.model_name):  # a transformers base: no timm needed
-        from .hf_export import plain_transformers_use
+# {info.path.name}
 
-        return plain_transformers_use(config)
+A `{info.method}` adapter for `{info.model_name}`, made with attnft: peft's `{info.method}` on the modules that
+attnft's role map gives the roles of policy `{info.policy}`, {info.trained_params:,} trained parameters. It is
+in peft's own format; `attnft.json` beside it records the base's fingerprint, which attnft checks.
 
-    try:
-        build = base_build(config.model_name, config.model_args, config.num_classes, config.input_size)
-    except AdapterError as e:
-        return f"Plain timm cannot create this base: {e}.\n"
-    return f"""The adapter holds only what training changed: create the base it was trained on, then copy each
-stored tensor in (a whole weight or a slice of one, as values or as a delta from the base, as
-`adapter_config.json` lists them):
+| | |
+|---|---|
+{table}
+
+## Use with {library.name} and peft alone
+
+{library.plain_peft_use(info)}
+## Use with attnft
 
 ```python
-import json
+{library.attnft_create(info, "base", classes=True)}
+from attnft.peft_methods import load_peft_adapter  # importing attnft registers its bundled models in timm
 
-import timm
-from safetensors.torch import load_file
+model = load_peft_adapter(base, "path/to/this/folder")  # checks the base's fingerprint first
+```
+"""
 
-folder = "path/to/this/folder"
-config = json.load(open(f"{{folder}}/adapter_config.json"))
-model = {build.create_call()}
-{_PLAIN_LOAD}```
-{build.weights_note()}"""
+
+def _first_names(names: list, shown: int = 10) -> str:
+    return ", ".join(map(str, names[:shown])) + (", ..." if len(names) > shown else "")
+
+
+def export_card(export: PlainExport, title: str) -> str:
+    """README.md for a merged export: the lines that load it with its library alone."""
+    from huggingface_hub import ModelCardData
+
+    metadata = ModelCardData(library_name=export.library, pipeline_tag="image-classification", license="other",
+                             tags=[export.library, "image-classification", "attnft"])
+    return f"""---
+{metadata.to_yaml()}
+---
+
+# {title}
+
+A {export.card_made_of()} checkpoint with an attnft adapter merged in. Load it with {export.library} alone (no attnft):
+
+```python
+{export.card_code()}```
+
+{export.card_about()}"""

@@ -8,7 +8,7 @@ Both folders hold ``adapter_config.json`` + ``adapter_model.safetensors`` (+ ``R
 
 :func:`format_of` picks the format of a folder, :func:`format_for` the format a training report
 saves in. Each :class:`AdapterFormat` offers ``save``, ``config`` (cheap: no tensor read),
-``read``, ``verify``, ``load``, ``serve`` and ``summary``; peft is imported only to save, verify
+``read``, ``verify``, ``load`` (the module to call, for every format) and ``summary``; peft is imported only to save, verify
 or load a peft adapter (it takes seconds): telling, listing and reading need its sidecar alone.
 
 To add a format: subclass :class:`AdapterFormat`, add an instance to :data:`FORMATS` before
@@ -26,6 +26,7 @@ from torch import nn
 from .config import WEIGHTS_FILE, Adapter, AdapterConfig
 from .read import check_finite, check_finite_file, check_num_classes, read_adapter, read_config, safetensors_header, verify_adapter
 from .load import load_adapter
+from .record import AdapterRecord
 from .save import save_adapter
 from ..core.errors import AdapterError, ConfigError
 from ..core.files import PathLike, folder_bytes
@@ -72,13 +73,10 @@ class AdapterFormat:
         """Whether folder ``path`` is in this format (cheap: no file is parsed)."""
         raise NotImplementedError
 
-    def save(
-        self, path: Path, model: nn.Module, report, base=None, *, label_names: Optional[list] = None,
-        data_config: Optional[dict] = None, input_size: Optional[int] = None, model_name: Optional[str] = None,
-        training: Optional[dict] = None, overwrite: bool = False, mode: str = "exact", delta_dtype: str = "float16",
-        license: Optional[str] = None, title: Optional[str] = None,
-    ) -> None:
-        """Save the adapter ``report`` trained on ``model`` as folder ``path``, atomically; refuses NaN / inf."""
+    def save(self, path: Path, model: nn.Module, report, base, record: AdapterRecord, *, overwrite: bool = False,
+             mode: str = "exact", delta_dtype: str = "float16", title: Optional[str] = None) -> None:
+        """Save the adapter ``report`` trained on ``model`` as folder ``path``, described by ``record``, atomically;
+        refuses NaN / inf. ``mode`` and ``delta_dtype``: how attnft's format stores the tensors."""
         raise NotImplementedError
 
     def config(self, source) -> Any:
@@ -93,12 +91,8 @@ class AdapterFormat:
         """Its files against its config (sizes, sha256, names, shapes, classes), every value finite; the config."""
         raise NotImplementedError
 
-    def load(self, model: nn.Module, source, **kwargs) -> Any:
-        """Load onto ``model``; the format's own result (attnft: the config; peft: the PeftModel)."""
-        raise NotImplementedError
-
-    def serve(self, model: nn.Module, source, **kwargs) -> nn.Module:
-        """``model`` with the adapter loaded, the module to call (peft: the PeftModel wrapping it)."""
+    def load(self, model: nn.Module, source, **kwargs) -> nn.Module:
+        """Load onto ``model`` (changed in place); the module to call: ``model`` itself, or the PeftModel wrapping it."""
         raise NotImplementedError
 
     def describe(self, path: PathLike) -> dict:
@@ -129,14 +123,12 @@ class AttnftFormat(AdapterFormat):
     def detects(self, path: PathLike) -> bool:
         return not PEFT.detects(path)
 
-    def save(self, path, model, report, base=None, *, label_names=None, data_config=None, input_size=None,
-             model_name=None, training=None, overwrite=False, mode="exact", delta_dtype="float16", license=None,
+    def save(self, path, model, report, base, record, *, overwrite=False, mode="exact", delta_dtype="float16",
              title=None) -> None:
         if base is None:
             raise TypeError("an attnft adapter needs base, the BaseSnapshot captured before training")
-        save_adapter(path, model, report, base, mode=mode, delta_dtype=delta_dtype, label_names=label_names,
-                     data_config=data_config, input_size=input_size, model_name=model_name, license=license,
-                     title=title, overwrite=overwrite, training=training)
+        save_adapter(path, model, report, base, record, mode=mode, delta_dtype=delta_dtype, title=title,
+                     overwrite=overwrite)
 
     def config(self, source) -> AdapterConfig:
         return source.config if isinstance(source, Adapter) else read_config(source)
@@ -147,10 +139,7 @@ class AttnftFormat(AdapterFormat):
     def verify(self, path) -> AdapterConfig:
         return verify_adapter(path)
 
-    def load(self, model, source, **kwargs) -> AdapterConfig:
-        return load_adapter(model, source, **kwargs)
-
-    def serve(self, model, source, **kwargs) -> nn.Module:
+    def load(self, model, source, **kwargs) -> nn.Module:
         load_adapter(model, source, **kwargs)
         return model
 
@@ -164,8 +153,7 @@ class AttnftFormat(AdapterFormat):
 class PeftFormat(AdapterFormat):
     """peft's format plus attnft's sidecar (:mod:`attnft.tuning.peft`, saved by :mod:`.peft_files`), from a ``lora`` / ``ia3`` policy.
 
-    ``save`` stores ``training`` as the sidecar's ``metadata``; the input size and data config
-    are the model's own, so ``data_config`` and ``input_size`` are not used.
+    ``save`` stores the record's ``training`` as the sidecar's ``metadata``.
     """
 
     name = "peft"
@@ -173,16 +161,14 @@ class PeftFormat(AdapterFormat):
     def detects(self, path: PathLike) -> bool:
         return is_peft_adapter(path)
 
-    def save(self, path, model, report, base=None, *, label_names=None, data_config=None, input_size=None,
-             model_name=None, training=None, overwrite=False, mode="exact", delta_dtype="float16", license=None,
+    def save(self, path, model, report, base, record, *, overwrite=False, mode="exact", delta_dtype="float16",
              title=None) -> None:
         if base is not None:
             raise TypeError("a peft adapter takes its base fingerprint from its PeftReport: pass no base")
         if mode != "exact":
             raise ConfigError(f"adapter mode {mode!r} is for attnft adapters: a peft adapter is saved in peft's format")
         check_finite(report.trained_tensors(model), f"adapter {Path(path).name}")
-        _peft_files().save_peft_adapter(model, report, path, overwrite=overwrite, label_names=label_names,
-                                  metadata=training, model_name=model_name, data_config=data_config)
+        _peft_files().save_peft_adapter(model, report, path, record, overwrite=overwrite)
 
     def config(self, source) -> PeftAdapterInfo:
         return source if isinstance(source, PeftAdapterInfo) else read_peft_adapter(source)
@@ -203,11 +189,8 @@ class PeftFormat(AdapterFormat):
         check_finite_file(weights)
         return info
 
-    def load(self, model, source, **kwargs):
+    def load(self, model, source, **kwargs) -> nn.Module:
         return _peft_files().load_peft_adapter(model, self.config(source).path, **kwargs)
-
-    def serve(self, model, source, **kwargs) -> nn.Module:
-        return self.load(model, source, **kwargs)
 
     def describe(self, path) -> dict:
         return {"format": SIDECAR_FORMAT, **read_peft_adapter(path).to_dict()}

@@ -1,4 +1,4 @@
-"""A peft adapter folder: saving (peft's two files, ``attnft.json``, a model card), verifying, loading.
+"""A peft adapter folder: saving (peft's two files, ``attnft.json``, a model card from :mod:`.cards`), verifying, loading.
 
 The folder is peft's own format, readable by plain ``PeftModel.from_pretrained``; the sidecar
 (:mod:`.sidecar`) adds the base's fingerprint, which attnft checks before loading.
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional, Union
@@ -18,8 +17,9 @@ from peft import __version__ as PEFT_VERSION
 from torch import nn
 
 from .. import __version__
-from .base import base_model_args, base_model_name, current_input_size, default_data_config, jsonable
-from ..core.errors import AdapterError, BaseMismatchError, ConfigError
+from .cards import peft_model_card
+from .record import AdapterRecord
+from ..core.errors import AdapterError, BaseMismatchError
 from ..core.files import ADAPTER_FOLDER, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, sha256_file, write_directory_atomically
 from ..tuning.fingerprint import compute_fingerprint
 from ..roles import is_under
@@ -33,39 +33,33 @@ def save_peft_adapter(
     peft_model: PeftModel,
     report: PeftReport,
     path: Union[str, os.PathLike],
+    record: Optional[AdapterRecord] = None,
     *,
     overwrite: bool = False,
-    label_names: Optional[list[str]] = None,
-    metadata: Optional[dict] = None,
-    model_name: Optional[str] = None,
-    data_config: Optional[dict] = None,
 ) -> PeftAdapterInfo:
     """Save ``peft_model``'s adapter as folder ``path``: peft's two files plus ``attnft.json``.
 
-    ``model_name`` is how to create the base again (e.g. ``local-dir:PATH``); by default the
-    base's timm name. ``data_config`` is the run's (its eval crop, its background); by default the base's.
+    ``record``: what the adapter says about itself (default: the base's own, :meth:`AdapterRecord.of`):
+    how to create the base again (e.g. ``local-dir:PATH``), its classes, the run's data config (its
+    eval crop, its background); its ``training`` is kept as the sidecar's ``metadata``.
 
     Plain ``PeftModel.from_pretrained(base, path)`` loads it. The folder appears whole or not
     at all (:func:`attnft.adapters.write_directory_atomically`); an existing one is replaced
     only with ``overwrite``, else StoreError.
     """
     path = Path(path)
-    base = peft_model.get_base_model()
-    size = current_input_size(base)
-    num_classes = getattr(base, "num_classes", None)
-    if label_names is not None and len(label_names) != num_classes:
-        raise ConfigError(f"{len(label_names)} label names for a model with {num_classes} classes")
+    record = record or AdapterRecord.of(peft_model)
     sidecar = {
         "format": SIDECAR_FORMAT,
         "format_version": SIDECAR_VERSION,
         "method": report.policy.method,
         "policy": report.policy.name,
-        "model_name": model_name or base_model_name(base),
-        "model_args": base_model_args(base),
-        "input_size": size,
-        "num_classes": num_classes,
-        "label_names": list(label_names) if label_names is not None else None,
-        "data_config": jsonable(data_config if data_config is not None else default_data_config(base, size)),
+        "model_name": record.model_name,
+        "model_args": record.model_args,
+        "input_size": record.input_size,
+        "num_classes": record.num_classes,
+        "label_names": record.label_names,
+        "data_config": record.data_config,
         "base_fingerprint": report.base_fingerprint,
         "targets": {name: role.value for name, role in report.targets.modules.items()},
         "head_modules": report.targets.head,
@@ -73,7 +67,7 @@ def save_peft_adapter(
         "peft_version": PEFT_VERSION,
         "attnft_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "metadata": jsonable(metadata or {}),
+        "metadata": record.training,
     }
 
     def write(folder: Path) -> None:
@@ -88,117 +82,12 @@ def save_peft_adapter(
         sidecar["weights_bytes"] = weights.stat().st_size
         (folder / SIDECAR_FILE).write_text(json.dumps(sidecar, indent=2) + "\n")
         # peft wrote its empty template ("[More Information Needed]"); ours says what this adapter is
-        card = peft_model_card(PeftAdapterInfo.from_dict(sidecar, path), base_model_id=base.pretrained_cfg.get("hf_hub_id"),
-                               license=base.pretrained_cfg.get("license"))
+        card = peft_model_card(PeftAdapterInfo.from_dict(sidecar, path), base_model_id=record.base_model_id,
+                               license=record.license)
         (folder / CARD_FILE).write_text(card)
 
     write_directory_atomically(path, write, kind=ADAPTER_FOLDER, overwrite=overwrite)
     return PeftAdapterInfo.from_dict(sidecar, path)
-
-
-def peft_model_card(info: PeftAdapterInfo, *, base_model_id: Optional[str] = None, license: Optional[str] = None) -> str:
-    """README.md for a peft adapter folder: hub metadata, what was trained on what, and how to load it.
-
-    ``info.metadata`` may hold ``dataset`` (its name) and ``top1`` (accuracy in percent) to show.
-    """
-    from huggingface_hub import ModelCardData
-
-    from ..models.hf_models import is_transformers_name
-
-    library = "transformers" if is_transformers_name(info.model_name) else "timm"
-    metadata = ModelCardData(
-        library_name="peft",
-        pipeline_tag="image-classification",
-        license=license or "other",
-        base_model=base_model_id or info.model_name,
-        tags=["attnft", "peft", info.method, library, "image-classification", "vision-transformer"],
-    )
-    roles = ", ".join(f"{role} {count}" for role, count in sorted(Counter(info.targets.values()).items()))
-    dc = info.data_config
-    rows = [
-        ("base model", f"`{info.model_name}`"),
-        ("base fingerprint", f"`{info.base_fingerprint[:16]}...`"),
-        ("policy", f"`{info.policy}`"),
-        ("adapted modules", f"{len(info.targets)} ({roles})"),
-        ("trained whole", ", ".join(f"`{m}`" for m in info.head_modules) or "nothing (head frozen)"),
-        ("input size", f"{info.input_size} px"),
-        ("classes", f"{info.num_classes} ({_first_names(info.label_names)})" if info.label_names else f"{info.num_classes}"),
-    ]
-    if info.metadata.get("dataset"):
-        rows.append(("data", f"`{info.metadata['dataset']}`"))
-    if info.metadata.get("top1") is not None:
-        rows.append(("top-1 accuracy", f"{info.metadata['top1']:.2f}%"))
-    rows += [
-        ("mean / std", f"{dc.get('mean')} / {dc.get('std')}"),
-        ("peft / attnft", f"{info.peft_version} / {info.attnft_version}"),
-    ]
-    table = "\n".join(f"| {key} | {value} |" for key, value in rows)
-    return f"""---
-{metadata.to_yaml()}
----
-
-# {info.path.name}
-
-A `{info.method}` adapter for `{info.model_name}`, made with attnft: peft's `{info.method}` on the modules that
-attnft's role map gives the roles of policy `{info.policy}`, {info.trained_params:,} trained parameters. It is
-in peft's own format; `attnft.json` beside it records the base's fingerprint, which attnft checks.
-
-| | |
-|---|---|
-{table}
-
-## Use with {library} and peft alone
-
-{_plain_peft_use(info)}
-## Use with attnft
-
-```python
-{_attnft_create(info, library)}
-from attnft.peft_methods import load_peft_adapter  # importing attnft registers its bundled models in timm
-
-model = load_peft_adapter(base, "path/to/this/folder")  # checks the base's fingerprint first
-```
-"""
-
-
-def _attnft_create(info: PeftAdapterInfo, library: str) -> str:
-    """The lines that create the adapter's base: timm for a timm base, attnft for a transformers one."""
-    size = f"num_classes={info.num_classes}, img_size={info.input_size}"
-    if library == "transformers":
-        return f'from attnft.models import create_model\n\nbase = create_model("{info.model_name}", {size})'
-    return f'import timm\n\nbase = timm.create_model("{info.model_name}", pretrained=True, {size})'
-
-
-def _first_names(names: list, shown: int = 10) -> str:
-    return ", ".join(map(str, names[:shown])) + (", ..." if len(names) > shown else "")
-
-
-def _plain_peft_use(info: PeftAdapterInfo) -> str:
-    """The card's section that loads the adapter with timm and peft, no attnft."""
-    from ..models.hf_models import is_transformers_name
-    from ..models.plain_timm import base_build
-
-    if is_transformers_name(info.model_name):  # a transformers base: no timm needed
-        from .hf_export import plain_peft_use
-
-        return plain_peft_use(info)
-
-    try:
-        build = base_build(info.model_name, info.model_args, info.num_classes, info.input_size)
-    except AdapterError as e:
-        return f"Plain timm cannot create this base: {e}.\n"
-    return f"""```python
-import json
-
-import timm
-from peft import PeftModel
-
-folder = "path/to/this/folder"
-base = {build.create_call()}
-model = PeftModel.from_pretrained(base, folder).eval()
-transform = timm.data.create_transform(**json.load(open(f"{{folder}}/attnft.json"))["data_config"])
-```
-{build.weights_note()}"""
 
 
 def verify_peft_adapter(path: Union[str, os.PathLike]) -> PeftAdapterInfo:

@@ -14,9 +14,10 @@ from ..core.errors import AdapterError, ConfigError, StoreError
 from ..core.files import ADAPTER_FOLDER, PathLike, sha256_file, write_directory_atomically
 from ..tuning.fingerprint import BaseSnapshot, fingerprint_at_start, unfingerprinted_names
 from ..tuning.policy import PolicyReport
-from .base import base_model_args, base_model_name, current_input_size, default_data_config, jsonable, timm_version
+from .base import timm_version
 from .config import CARD_FILE, CONFIG_FILE, DELTA_DTYPES, FORMAT, MODES, WEIGHTS_FILE, AdapterConfig, region_to_json
 from .read import check_finite
+from .record import AdapterRecord
 
 
 def save_adapter(
@@ -24,26 +25,21 @@ def save_adapter(
     model: nn.Module,
     report: PolicyReport,
     base: BaseSnapshot,
+    record: Optional[AdapterRecord] = None,
     *,
     mode: str = "exact",
     delta_dtype: str = "float16",
-    label_names: Optional[list[str]] = None,
-    data_config: Optional[dict] = None,
-    input_size: Optional[int] = None,
-    model_name: Optional[str] = None,
-    license: Optional[str] = None,
     title: Optional[str] = None,
     overwrite: bool = False,
     check_base: bool = True,
-    training: Optional[dict] = None,
 ) -> AdapterConfig:
     """Save the tensors ``report`` says trained, as the folder ``path``, atomically.
 
     ``base`` is the snapshot captured before training; with ``check_base`` the model's frozen
     tensors are first checked against it (one hash of the model), so an adapter never claims a
-    base it does not fit. Refuses an existing ``path`` unless ``overwrite`` (then the old
-    adapter is replaced in one atomic step). ``training``: how it was trained (dataset,
-    accuracy, distillation), kept in the config as it is.
+    base it does not fit. ``record``: what the adapter says about itself (default: the model's own,
+    :meth:`AdapterRecord.of`). Refuses an existing ``path`` unless ``overwrite`` (then the old
+    adapter is replaced in one atomic step).
     """
     path = Path(path)
     if mode not in MODES:
@@ -61,6 +57,38 @@ def save_adapter(
             f"the model's frozen weights no longer match the base snapshot (fingerprint {base.fingerprint[:12]}): "
             "they changed during training (e.g. BatchNorm statistics updated in train mode), or the snapshot is of another model"
         )
+    record = record or AdapterRecord.of(model)
+    dtype = next(iter(trained.values())).dtype
+    tensors, entries = _stored(model, report, base, trained, left_out, mode, delta_dtype)
+    config = AdapterConfig(
+        model_name=record.model_name, timm_version=timm_version(), attnft_version=__version__,
+        policy=report.policy.name, input_size=int(record.input_size), num_classes=record.num_classes,
+        label_names=record.label_names, data_config=record.data_config, dtype=str(dtype).removeprefix("torch."),
+        mode=mode, delta_dtype=delta_dtype if mode == "delta" else None, base_fingerprint=base.fingerprint,
+        tensors=entries, model_args=record.model_args, base_model_id=record.base_model_id,
+        trained_params=sum(t.numel() for t in trained.values()),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), training=record.training,
+    )
+    config.check(f"adapter {path.name}")  # what read refuses is never written
+
+    def write(folder: Path) -> None:
+        from safetensors.torch import save_file
+
+        weights = folder / WEIGHTS_FILE
+        save_file(tensors, str(weights), metadata={"format": "pt", "attnft_format": FORMAT})
+        config.weights_sha256 = sha256_file(weights)
+        config.weights_bytes = weights.stat().st_size
+        (folder / CONFIG_FILE).write_text(config.to_json())
+        (folder / CARD_FILE).write_text(model_card(config, title=title or path.name, license=record.license))
+
+    write_directory_atomically(path, write, kind=ADAPTER_FOLDER, overwrite=overwrite)
+    return config
+
+
+def _stored(model: nn.Module, report: PolicyReport, base: BaseSnapshot, trained: dict[str, torch.Tensor],
+            left_out: set[str], mode: str, delta_dtype: str) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
+    """The tensors as the file stores them (values in the model's dtype, or deltas from ``base``), and their
+    config entries (shape, region, stored, role). A delta beyond the delta dtype's range stays exact."""
     params = dict(model.named_parameters())
     dtype = next(iter(trained.values())).dtype
     tensors, entries = {}, {}
@@ -73,7 +101,7 @@ def save_adapter(
             if start is None or start.shape != value.shape:
                 raise AdapterError(f"the base snapshot has no start value of shape {tuple(value.shape)} for {name}")
             delta = (value.float() - start.float()).to(DELTA_DTYPES[delta_dtype])
-            if torch.isfinite(delta).all():  # a delta beyond fp16's range stays exact
+            if torch.isfinite(delta).all():
                 value, stored = delta, "delta"
         tensors[name] = value.contiguous().clone()
         roles = [e.role for e in report.role_map.of(name) if e.region == region]
@@ -83,43 +111,4 @@ def save_adapter(
             "stored": stored,
             "role": str(roles[0]) if roles else None,
         }
-
-    num_classes = int(getattr(model, "num_classes", 0))
-    if label_names is not None and len(label_names) != num_classes:
-        raise ConfigError(f"{len(label_names)} label names for a model with {num_classes} classes")
-    size = input_size or current_input_size(model)
-    config = AdapterConfig(
-        model_name=model_name or base_model_name(model),
-        timm_version=timm_version(),
-        attnft_version=__version__,
-        policy=report.policy.name,
-        input_size=int(size),
-        num_classes=num_classes,
-        label_names=list(label_names) if label_names is not None else None,
-        data_config=jsonable(data_config if data_config is not None else default_data_config(model, size)),
-        dtype=str(dtype).removeprefix("torch."),
-        mode=mode,
-        delta_dtype=delta_dtype if mode == "delta" else None,
-        base_fingerprint=base.fingerprint,
-        tensors=entries,
-        model_args=base_model_args(model),
-        base_model_id=getattr(model, "pretrained_cfg", {}).get("hf_hub_id"),
-        trained_params=sum(t.numel() for t in trained.values()),
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        training=jsonable(training or {}),
-    )
-    config.check(f"adapter {path.name}")  # what read refuses is never written
-    card_license = license or getattr(model, "pretrained_cfg", {}).get("license")
-
-    def write(folder: Path) -> None:
-        from safetensors.torch import save_file
-
-        weights = folder / WEIGHTS_FILE
-        save_file(tensors, str(weights), metadata={"format": "pt", "attnft_format": FORMAT})
-        config.weights_sha256 = sha256_file(weights)
-        config.weights_bytes = weights.stat().st_size
-        (folder / CONFIG_FILE).write_text(config.to_json())
-        (folder / CARD_FILE).write_text(model_card(config, title=title or path.name, license=card_license))
-
-    write_directory_atomically(path, write, kind=ADAPTER_FOLDER, overwrite=overwrite)
-    return config
+    return tensors, entries

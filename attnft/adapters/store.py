@@ -29,6 +29,7 @@ from ..core.files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 from ..tuning.fingerprint import BaseSnapshot
 from ..core.errors import AdapterError, AttnftError, StoreError
 from ..core.files import ADAPTER_FOLDER, PathLike, io_error, nearest_existing, pid_alive, remove_directory_atomically, remove_entry, write_directory_atomically
+from .record import AdapterRecord
 from .formats import PEFT_SIDECAR_FILE, AdapterFormat, AdapterSummary, format_for, format_of
 from ..core.hub import hub_errors
 from ..tuning.policy import PolicyReport
@@ -148,31 +149,27 @@ class AdapterStore:
         model: Union[nn.Module, "PeftModel"],
         report: Union[PolicyReport, "PeftReport"],
         base: Optional[BaseSnapshot] = None,
+        record: Optional[AdapterRecord] = None,
         *,
-        label_names: Optional[list[str]] = None,
-        data_config: Optional[dict] = None,
-        input_size: Optional[int] = None,
-        model_name: Optional[str] = None,
-        training: Optional[dict] = None,
         overwrite: bool = False,
         mode: str = "exact",
         delta_dtype: str = "float16",
-        license: Optional[str] = None,
     ) -> Path:
         """Save an adapter under ``name``, in the format of ``report`` (:func:`attnft.adapters.formats.format_for`).
 
+        ``record``: what the adapter says about itself, its base, classes, data config, training and
+        licence (default: the model's own, :meth:`attnft.adapters.record.AdapterRecord.of`).
         A :class:`PolicyReport` (freezing policy): attnft's format, ``base`` being the snapshot
-        taken before training, ``mode`` exact or delta (in ``delta_dtype``), ``license`` for the model card
-        (:func:`attnft.adapters.save_adapter`).
+        taken before training, ``mode`` exact or delta (in ``delta_dtype``) (:func:`attnft.adapters.save_adapter`).
         A :class:`attnft.peft_methods.PeftReport`: ``model`` is the PeftModel, saved in peft's
-        format; the report holds the base fingerprint, so no ``base``; ``training`` is kept as the
-        sidecar's metadata, the input size and data config are the model's. Refuses NaN / inf.
+        format; the report holds the base fingerprint, so no ``base``; the record's ``training`` is kept as
+        the sidecar's metadata. Refuses NaN / inf.
         """
         path = self.check_writable(name, overwrite)
         self._clean_stale()
-        format_for(report).save(path, model, report, base, label_names=label_names, data_config=data_config,
-                                input_size=input_size, model_name=model_name, training=training,
-                                overwrite=overwrite, mode=mode, delta_dtype=delta_dtype, license=license, title=name)
+        fmt = format_for(report)
+        record = record or AdapterRecord.of(model)
+        fmt.save(path, model, report, base, record, overwrite=overwrite, mode=mode, delta_dtype=delta_dtype, title=name)
         return path
 
     def import_folder(self, source: Union[str, os.PathLike], name: str, *, overwrite: bool = False) -> Path:
@@ -234,11 +231,11 @@ class AdapterStore:
         path = self.folder(name)
         return format_of(path).read(path)
 
-    def load(self, name: str, model: nn.Module, **load_kwargs) -> Union[AdapterConfig, "PeftModel"]:
-        """Load adapter ``name`` onto ``model``.
+    def load(self, name: str, model: nn.Module, **load_kwargs) -> Union[nn.Module, "PeftModel"]:
+        """Load adapter ``name`` onto ``model``; the module to call.
 
-        attnft's format: writes the trained tensors into ``model`` in place and returns the
-        config (``load_kwargs`` as :func:`attnft.adapters.load_adapter`). peft's format: wraps
+        attnft's format: writes the trained tensors into ``model`` in place and returns ``model``
+        (``load_kwargs`` as :func:`attnft.adapters.load_adapter`). peft's format: wraps
         ``model`` (changed in place) and returns the **PeftModel** to call instead
         (``load_kwargs`` as :func:`attnft.peft_methods.load_peft_adapter`).
         """
@@ -369,7 +366,7 @@ class FoundAdapter:
         from ..models import create_model
 
         base = create_model(model_name or self.config.model_name, checkpoint=checkpoint, img_size=self.config.input_size)
-        return self.format.serve(base, self.adapter)
+        return self.format.load(base, self.adapter)
 
 
 def find_adapter(name_or_folder: str, store_root: Optional[PathLike] = None) -> FoundAdapter:
@@ -380,4 +377,4 @@ def find_adapter(name_or_folder: str, store_root: Optional[PathLike] = None) -> 
     return FoundAdapter(path, fmt, adapter, fmt.config(adapter))
 
 
-__all__ = ["AdapterStore", "FoundAdapter", "find_adapter", "AdapterSummary", "STALE_AFTER_S", "check_name", "default_store_root", "WEIGHTS_FILE"]
+__all__ = ["AdapterStore", "AdapterRecord", "FoundAdapter", "find_adapter", "AdapterSummary", "STALE_AFTER_S", "check_name", "default_store_root", "WEIGHTS_FILE"]

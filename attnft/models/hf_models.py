@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
@@ -37,10 +37,11 @@ from ..core.errors import AdapterError, ConfigError, UnknownModelError, first_li
 from ..core.files import PROCESSOR_FILE
 from ..core.hub import hub_errors
 from .hf_config import image_side, patch_side, vision_config
+from .hf_heads import backbone, feature_width, head_fn
 from .resolution import check_img_size_value
 from ..roles import Role, build_role_map
 
-__all__ = ["PREFIX", "is_transformers_name", "is_transformers_model", "create_model", "processor_data_config",
+__all__ = ["PREFIX", "create_transformers_model", "processor_data_config",
            "TimmInterface", "PROCESSOR_FILE", "vision_config", "patch_side", "image_side"]
 
 PREFIX = "transformers:"
@@ -50,24 +51,6 @@ _DEFAULT_MEAN, _DEFAULT_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)  # transformers' 
 
 
 # --- names --------------------------------------------------------------------------------
-
-
-def is_transformers_name(name: str) -> bool:
-    """Whether ``name`` names a transformers model: ``transformers:...`` or a ``save_pretrained`` folder."""
-    if name.startswith(PREFIX):
-        return True
-    config = Path(name) / "config.json"
-    if not config.is_file():
-        return False
-    try:
-        data = json.loads(config.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and "model_type" in data and "architecture" not in data  # timm's has "architecture"
-
-
-def is_transformers_model(model: nn.Module) -> bool:
-    return isinstance(model, TimmInterface)
 
 
 def _source(name: str) -> tuple[str, bool]:
@@ -117,22 +100,11 @@ def no_progress_bars() -> Iterator[None]:
             logging.enable_progress_bar()
 
 
-# --- sizes in a config ----------------------------------------------------------------------
-
-
 # --- building -----------------------------------------------------------------------------
 
 
-def create_model(
-    name: str,
-    *,
-    pretrained: bool = True,
-    checkpoint: str | Path | None = None,
-    num_classes: int | None = None,
-    img_size: int | None = None,
-    drop_path_rate: float = 0.0,
-    **kwargs: Any,
-) -> nn.Module:
+def create_transformers_model(name: str, *, pretrained: bool, checkpoint: str | Path | None, num_classes: int | None,
+                              img_size: int | None, drop_path_rate: float, **kwargs: Any) -> nn.Module:
     """The transformers image classifier ``name`` at ``img_size`` px (None: its config's size), as
     :func:`attnft.models.create_model` builds timm models. ``kwargs`` override config fields.
 
@@ -326,6 +298,11 @@ class TimmInterface:
 
     default_cfg = pretrained_cfg
 
+    @property
+    def image_processor(self) -> dict:
+        """The checkpoint's ``preprocessor_config.json`` as a dict ({} when it has none)."""
+        return self.__dict__["_attnft_source"]["processor"]
+
     def __reduce_ex__(self, protocol):
         """Pickle (``torch.save(model)``, ``copy.deepcopy``) through the plain class: this class has the plain
         one's module and name, which pickle would look it up by and find the plain class instead."""
@@ -335,7 +312,7 @@ class TimmInterface:
         """A new classifier for ``num_classes`` (0: none), initialised as transformers does, on the old one's device."""
         reference = next(self.parameters())
         for path, old in _classifiers(self).items():
-            width = old.in_features if isinstance(old, nn.Linear) else _feature_width(self)
+            width = old.in_features if isinstance(old, nn.Linear) else feature_width(self)
             new: nn.Module = nn.Identity()
             if num_classes > 0:
                 new = nn.Linear(width, num_classes, device=reference.device, dtype=reference.dtype)
@@ -359,12 +336,12 @@ class TimmInterface:
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The backbone's last hidden state (B, tokens, C) of ``x`` (B, 3, H, W)."""
-        _head_fn(self)  # refuse a family whose head is unknown before computing anything
-        return _backbone(self)(x).last_hidden_state
+        head_fn(self)  # refuse a family whose head is unknown before computing anything
+        return backbone(self)(x).last_hidden_state
 
     def forward_head(self, features: torch.Tensor) -> torch.Tensor:
         """Logits (B, classes) from :meth:`forward_features`' output, as the family's classifier computes them."""
-        return _head_fn(self)(self, features)
+        return head_fn(self)(self, features)
 
 
 _INTERFACED: dict[type, type] = {}
@@ -396,63 +373,3 @@ def _classifiers(model: nn.Module) -> dict[str, nn.Module]:
         if isinstance(module, (nn.Linear, nn.Identity)):
             out[path] = module
     return out
-
-
-def _backbone(model: nn.Module) -> nn.Module:
-    """The backbone, whose output has ``last_hidden_state``: ``base_model``, or CLIP's vision tower (CLIP's
-    ``base_model_prefix`` names the two-tower model, which its image classifier does not hold)."""
-    base = model.base_model
-    return base if base is not model else model.vision_model
-
-
-def _feature_width(model: nn.Module) -> int:
-    """Input width of a classifier the model was built without (num_labels=0)."""
-    width = getattr(_backbone(model), "num_features", None) or vision_config(model.config).hidden_size
-    return 2 * width if model.config.model_type.startswith("dinov2") else width  # [cls | mean of patches]
-
-
-# what each family's classifier does with the backbone's last hidden state
-def _cls_token_head(model, features):
-    return model.classifier(features[:, 0])
-
-
-def _distilled_head(model, features):
-    return (model.cls_classifier(features[:, 0]) + model.distillation_classifier(features[:, 1])) / 2
-
-
-def _dinov2_head(model, features):
-    first_patch = 1 + getattr(model.config, "num_register_tokens", 0)
-    return model.classifier(torch.cat([features[:, 0], features[:, first_patch:].mean(dim=1)], dim=1))
-
-
-def _pooler_head(model, features):  # BEiT: mean of patch tokens, normed, in its pooler
-    return model.classifier(model.base_model.pooler(features))
-
-
-def _swin_head(model, features):
-    return model.classifier(torch.flatten(model.base_model.pooler(features.transpose(1, 2)), 1))
-
-
-def _patch_mean_head(model, features):  # CLIP: mean of the patch tokens, no norm
-    return model.classifier(features[:, 1:].mean(dim=1))
-
-
-_HEADS: dict[str, Callable] = {
-    "ViTForImageClassification": _cls_token_head,
-    "DeiTForImageClassification": _cls_token_head,
-    "DeiTForImageClassificationWithTeacher": _distilled_head,
-    "Dinov2ForImageClassification": _dinov2_head,
-    "Dinov2WithRegistersForImageClassification": _dinov2_head,
-    "BeitForImageClassification": _pooler_head,
-    "SwinForImageClassification": _swin_head,
-    "Swinv2ForImageClassification": _swin_head,
-    "CLIPForImageClassification": _patch_mean_head,
-}
-
-
-def _head_fn(model: nn.Module) -> Callable:
-    fn = _HEADS.get(type(model).__name__)
-    if fn is None:
-        raise ConfigError(f"{type(model).__name__}: attnft does not know how its classifier reads the backbone's "
-                          f"output, so it cannot serve mixed-task batches (known: {', '.join(_HEADS)})")
-    return fn

@@ -1,11 +1,11 @@
-"""The model a user names, built at the resolution they ask for, with its weights.
+"""timm's models as attnft builds them: the model a user names, at the resolution they ask for, with its weights.
 
 Names are whatever timm takes: a registry name with an optional pretrained tag
 (``vit_small_patch16_224.augreg_in1k``), ``hf-hub:org/repo`` or ``local-dir:/path`` (a folder
 with timm's ``config.json`` and ``model.safetensors``). Weights come from timm (the hub, or
 the local Hugging Face cache when offline) or from a checkpoint file. transformers' image
 classifiers (``transformers:ORG/REPO``, or a folder ``save_pretrained`` wrote) are built by
-:mod:`attnft.models.hf_models`, with the same arguments and errors.
+:mod:`attnft.models.hf_models`, with the same arguments and errors; :mod:`attnft.models.build` tells the two apart.
 
 At the weights' own resolution timm builds and loads in one call. At another resolution the
 model is built at the new size and the weights' position tensors are resampled: first by
@@ -35,40 +35,20 @@ from ..bundled import BACKGROUND, BUNDLED_MODELS
 from ..core.errors import AdapterError, ConfigError, UnknownModelError
 from ..core.parsing import parse_background
 from ..core.hub import hub_errors
-from .hf_models import is_transformers_name, is_transformers_model
 from .state_dicts import CHECKPOINT_SUFFIXES, _few, read_state_dict
 from .resolution import check_img_size, check_img_size_value, check_token_count, resample_state_dict
 from ..roles import is_peft_tensor
 
-__all__ = ["create_model", "read_state_dict", "data_config", "model_img_size", "patch_grid", "base_label_names",
-           "head_fits", "checkpoint_bytes"]
+__all__ = ["create_timm_model", "read_state_dict", "data_config", "model_img_size", "base_label_names", "head_fits",
+           "checkpoint_bytes"]
 
 # extra arguments timm's own builder passes to a family's checkpoint filter
 FILTER_ARGS = {"timm.models.deit": {"adapt_layer_scale": True}}  # DeiT III's gamma_1 -> ls1.gamma
 
 
-def create_model(
-    name: str,
-    *,
-    pretrained: bool = True,
-    checkpoint: str | Path | None = None,
-    num_classes: int | None = None,
-    img_size: int | None = None,
-    drop_path_rate: float = 0.0,
-    **kwargs: Any,
-) -> nn.Module:
-    """Build ``name`` at ``img_size`` pixels (square; None: the weights' size) with its weights.
-
-    Weights: ``checkpoint`` (a state dict file) if given, else timm's pretrained weights if
-    ``pretrained``, else random. ``num_classes`` None keeps the classes of the weights; another
-    number gets a new classifier. ``kwargs`` go to the timm model (e.g. ``embed_dim``).
-    Raises UnknownModelError, ConfigError, AdapterError or OfflineError with a one-line reason.
-    """
-    if is_transformers_name(name):
-        from .hf_models import create_model as create_transformers_model
-
-        return create_transformers_model(name, pretrained=pretrained, checkpoint=checkpoint, num_classes=num_classes,
-                                         img_size=img_size, drop_path_rate=drop_path_rate, **kwargs)
+def create_timm_model(name: str, *, pretrained: bool, checkpoint: str | Path | None, num_classes: int | None,
+                      img_size: int | None, drop_path_rate: float, **kwargs: Any) -> nn.Module:
+    """timm's model ``name`` as :func:`attnft.models.create_model` builds it (its arguments)."""
     _check_name(name)
     if img_size is not None:
         check_img_size_value(img_size)  # before any hub access
@@ -187,17 +167,6 @@ def model_img_size(model: nn.Module) -> tuple[int, int]:
         if img_size is not None:
             return tuple(int(s) for s in img_size) if isinstance(img_size, (tuple, list)) else (int(img_size),) * 2
         return tuple(int(s) for s in getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224))[1:])
-
-
-def patch_grid(model: nn.Module) -> Optional[tuple[int, int]]:
-    """The (H, W) token grid of the patch embedding, or None for models without one."""
-    if is_transformers_model(model):
-        from .hf_models import patch_side
-
-        side = model.img_size // patch_side(model.config)
-        return side, side
-    grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
-    return tuple(int(g) for g in grid) if grid is not None else None
 
 
 # --- names, hub and sources -------------------------------------------------------------

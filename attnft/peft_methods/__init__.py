@@ -33,7 +33,7 @@ _HOMES = {
     "save_peft_adapter": "attnft.adapters.peft_files",
     "verify_peft_adapter": "attnft.adapters.peft_files",
     "load_peft_adapter": "attnft.adapters.peft_files",
-    "peft_model_card": "attnft.adapters.peft_files",
+    "peft_model_card": "attnft.adapters.cards",
 }
 
 __all__ = list(_HOMES)

@@ -151,16 +151,16 @@ def _finish(plan: RunPlan, parts: RunParts, position: Position, validation: Vali
 def _save_and_report(plan: RunPlan, trained: nn.Module, final: EvalResult, steps: int,
                      accuracy_before: Optional[float], resumed_from: Optional[int]) -> FinetuneResult:
     """On the main process: the adapter saved (where its training is not lost), result.json, the closing lines."""
+    from ..adapters.record import AdapterRecord
     from ..models import checkpoint_bytes
 
     cfg, task, store, name, output_dir = plan.cfg, plan.task, plan.store, plan.name, plan.output_dir
     report, base, data_cfg, res = plan.applied.report, plan.applied.base, plan.data_cfg, plan.res
-    training = training_record(cfg, task, final)
+    record = AdapterRecord.of(trained, model_name=cfg.model, input_size=res, label_names=task.label_names,
+                              data_config=data_cfg, training=training_record(cfg, task, final))
 
-    def save(into: AdapterStore) -> Path:  # in the method's format (peft: its own, the sizes the model's)
-        return into.save(name, trained, report, base, label_names=task.label_names, data_config=data_cfg,
-                         input_size=res, model_name=cfg.model, training=training,
-                         overwrite=cfg.overwrite and into is store)
+    def save(into: AdapterStore) -> Path:  # in the method's format (peft: its own)
+        return into.save(name, trained, report, base, record, overwrite=cfg.overwrite and into is store)
 
     adapter_path = save_without_losing(save, store, name, output_dir)
     result = FinetuneResult(
