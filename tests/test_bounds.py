@@ -106,3 +106,24 @@ def test_a_saved_dataset_with_an_empty_test_split_is_refused_by_name_in_finetune
     message = f"split 'test' of saved dataset {saved} is empty"
     assert_refused(capsys, finetune_args(model, str(saved), tmp_path), message, tmp_path=tmp_path)
     assert_refused(capsys, ["eval", "--model", model, "--dataset", str(saved), "--split", "test"], message)
+
+
+def test_an_inat_category_level_for_a_dataset_without_a_taxonomy_is_refused(tiny, tmp_path, capsys):  # noqa: F811
+    model, data = tiny
+    assert_refused(capsys, finetune_args(model, data, tmp_path, "--inat-category", "genus"),
+                   "--inat-category is for the iNaturalist presets with a taxonomy (inat2018, inat2019)",
+                   tmp_path=tmp_path)
+
+
+def test_finetune_on_inaturalist_at_the_genus_level_trains_a_head_of_its_genera(tiny, tmp_path):  # noqa: F811
+    import json
+
+    from test_data import INAT_SPLITS, NUMBERED, TAXONOMY, write_inat_json
+
+    model, _ = tiny
+    root = write_inat_json(tmp_path / "inat", NUMBERED, INAT_SPLITS, taxonomy=TAXONOMY)
+    argv = finetune_args(model, "inat2018", tmp_path, "--data-dir", str(root), "--inat-category", "genus",
+                         "--epochs", "1", "--batch-size", "2", "--name", "genera")
+    assert main(argv) == 0
+    config = json.loads((tmp_path / "store" / "genera" / "adapter_config.json").read_text())
+    assert config["label_names"] == ["Fagus", "Quercus"]

@@ -99,6 +99,7 @@ def evaluate_model(cfg: EvalConfig) -> dict:
         task = load_task(
             cfg.dataset, data_dir=cfg.data_dir, image_key=cfg.image_key, label_key=cfg.label_key,
             train_split=cfg.split, eval_split=cfg.split, max_eval=_max_eval(cfg), val_fraction=cfg.val_fraction,
+            inat_category=cfg.inat_category,
         )
     if found is not None:
         model = found.model(cfg.model, cfg.checkpoint)  # peft's: the PeftModel wrapping the base

@@ -137,6 +137,9 @@ class FinetuneConfig:
     val_fraction: float = _opt(0.1, "share of the training images held out for evaluation (seeded, stratified) "
                                "when the data has no evaluation split, e.g. a folder of class folders",
                                group=DATA)
+    inat_category: str = _opt("name", "iNaturalist 2018/2019: the level the classes are at: name (the species), "
+                              "genus, family, order, class, phylum, kingdom (from the copy's categories.json)",
+                              metavar="LEVEL", group=DATA)
     background: Optional[str] = _opt(None, "the colour transparent pixels become: white, black, mean (the base's "
                                      "normalisation mean) or R,G,B (default: the base's: black for the bundled models, "
                                      "pretrained on black, the mean for others)", metavar="COLOUR", group=DATA)
@@ -303,6 +306,8 @@ class EvalConfig:
                                    group=DATA)
     val_fraction: float = _opt(0.1, "data without an evaluation split: score the share finetune held out "
                                "(the same images for the same value)", group=DATA)
+    inat_category: str = _opt("name", "iNaturalist 2018/2019: the level the classes are at, as in finetune",
+                              metavar="LEVEL", group=DATA)
     batch_size: int = _opt(64, "images per batch", group=RUN)
     workers: int = _opt(2, "data loader worker processes", group=RUN)
     precision: str = _opt("no", "mixed precision: no, bf16, fp16 (GPU)", choices=PRECISIONS, group=RUN)

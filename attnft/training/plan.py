@@ -121,6 +121,7 @@ def _load_task(cfg: FinetuneConfig):
         cfg.dataset, data_dir=cfg.data_dir, image_key=cfg.image_key, label_key=cfg.label_key,
         train_split=cfg.train_split, eval_split=cfg.eval_split, streaming=cfg.streaming,
         max_train=cfg.max_train, max_eval=cfg.max_eval, val_fraction=cfg.val_fraction,
+        inat_category=cfg.inat_category,
     )
 
 
