@@ -127,3 +127,18 @@ def test_finetune_on_inaturalist_at_the_genus_level_trains_a_head_of_its_genera(
     assert main(argv) == 0
     config = json.loads((tmp_path / "store" / "genera" / "adapter_config.json").read_text())
     assert config["label_names"] == ["Fagus", "Quercus"]
+
+
+def test_a_step_that_needs_more_memory_than_the_machine_has_is_refused_before_anything_is_written(tiny, tmp_path, capsys, monkeypatch):  # noqa: F811
+    from attnft.tuning import step_memory
+
+    model, data = tiny  # 2 blocks of 17 tokens x 32, batch 8 at 32 px: at least 446 kB (348 kB of activations)
+    monkeypatch.setattr(step_memory, "device_memory", lambda device: 350_000)
+    assert_refused(capsys, finetune_args(model, data, tmp_path),
+                   "--batch-size 8 at 32 px needs at least 446.46 kB for one training step of",
+                   "(the activations of 2 blocks of 17 tokens x 32, and the images), more than the 350.00 kB of "
+                   "this machine's RAM: pass --batch-size 4 --grad-accum 2 (keeps the global batch), "
+                   "a smaller --res, or --grad-checkpointing", tmp_path=tmp_path)
+    # checkpointed, each block keeps its input and one block is recomputed: 307 kB, and the run trains
+    assert main(finetune_args(model, data, tmp_path, "--grad-checkpointing", "--epochs", "1")) == 0
+    assert (tmp_path / "store").exists()

@@ -1,18 +1,20 @@
 """The run's first phase: everything a user can get wrong, checked before any file is written.
 
 :func:`check_run` goes from the cheap checks (typos, the machine, a taken adapter name) to the ones that
-need the model and the data (blocks, classes, batch sizes), freezes the model under the method, and
+need the model and the data (blocks, classes, batch sizes, a step's memory), freezes the model under the method, and
 settles what the run will write and where: the :class:`RunPlan` the other phases read.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from ..core.errors import ConfigError
+from ..core.parsing import format_bytes
 from .checkpoints import find_resume_checkpoint
 from .config import FinetuneConfig
 from .processes import check_runtime, new_accelerator, warn_if_fewer_processes
@@ -92,6 +94,7 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
     res = int(data_cfg["input_size"][-1])
     applied = method.apply(model)  # base: the base's identity before any weight moves (peft: in the report)
     on_exit.callback(applied.report.remove_hooks)  # the frozen-region restore hooks every optimizer in the process
+    _check_memory_fits(cfg, applied, accelerator, data_cfg)
     name = cfg.name or default_adapter_name(cfg.model, method.name, task.name, res)
     output_dir, checkpoint = _check_where_it_writes(cfg, store, name)
     warn_if_fewer_processes(accelerator)
@@ -135,6 +138,51 @@ def _check_data_fits(cfg: FinetuneConfig, task, num_processes: int) -> None:
     check_batch_size(task.train, cfg.batch_size * num_processes)  # drop_last: one global batch at least
     if cfg.repeated_aug > 1 and not task.streaming and cfg.repeated_aug > len(task.train):
         raise ConfigError(f"--repeated-aug {cfg.repeated_aug} is more than the {len(task.train)} training images")
+
+
+def _check_memory_fits(cfg: FinetuneConfig, applied, accelerator, data_cfg: dict) -> None:
+    """ConfigError when one training step needs more memory than the device has in all, by an estimate that is a
+    lower bound (:mod:`attnft.tuning.step_memory`): a run refused here could not have trained."""
+    from ..tuning.step_memory import device_memory, estimate_step_memory
+
+    estimate = estimate_step_memory(
+        applied.backbone, applied.report.role_map, batch_size=cfg.batch_size, input_size=tuple(data_cfg["input_size"]),
+        compute_itemsize=2 if cfg.precision in ("bf16", "fp16") else None,
+        grad_checkpointing=cfg.grad_checkpointing, recompute_ffn=cfg.recompute_ffn)
+    memory = device_memory(accelerator.device)
+    if estimate is None or memory is None:
+        return  # a model whose tokens attnft cannot read, a device that does not say: not guessed
+    sharing = _processes_here() if accelerator.device.type == "cpu" else 1  # CPU processes share the RAM
+    if estimate.total * sharing <= memory:
+        return
+    where = "this machine's RAM" if accelerator.device.type == "cpu" else str(accelerator.device)
+    shared = f", shared by {sharing} processes" if sharing > 1 else ""
+    smaller = _smaller_batch(cfg, memory // sharing * cfg.batch_size // estimate.total)
+    raise ConfigError(
+        f"--batch-size {cfg.batch_size} at {data_cfg['input_size'][-1]} px needs at least "
+        f"{format_bytes(estimate.total)} for one training step of {cfg.model} (the activations of {estimate.blocks} "
+        f"blocks of {estimate.tokens:,} tokens x {estimate.width}, and the images), more than the "
+        f"{format_bytes(memory)} of {where}{shared}: pass {smaller}, a smaller --res"
+        + ("" if cfg.grad_checkpointing else ", or --grad-checkpointing"))
+
+
+def _smaller_batch(cfg: FinetuneConfig, fits: int) -> str:
+    """The --batch-size and --grad-accum of at most ``fits`` images a step that make (about) the run's global batch."""
+    if fits < 1:
+        return "a smaller --batch-size"
+    wanted = cfg.batch_size * cfg.grad_accum
+    accum = -(-wanted // fits)
+    batch = -(-wanted // accum)
+    keeps = "keeps the global batch" if batch * accum == wanted else "about the same global batch"
+    return f"--batch-size {batch} --grad-accum {accum} ({keeps})"
+
+
+def _processes_here() -> int:
+    """The processes of this launch on this machine (torchrun's and accelerate's LOCAL_WORLD_SIZE; 1 alone)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def _check_where_it_writes(cfg: FinetuneConfig, store: AdapterStore, name: str) -> tuple[Path, Optional[Path]]:
