@@ -165,6 +165,13 @@ def plain_loop(folder: Path, policy: str, seed: int, res, epochs: int = EPOCHS, 
     model.reset_classifier(len(train.classes))
     for name, p in model.named_parameters():
         p.requires_grad = policy == "full" or ".attn." in name or name.startswith("head") or name == "pos_embed"
+    return fit_and_score(model, train, test, seed, epochs)
+
+
+def fit_and_score(model, train, test, seed: int, epochs: int = EPOCHS) -> float:
+    """The hand-written loop on ``model``'s trainable weights, then top-1 (%) on ``test``."""
+    import torch
+
     loader = torch.utils.data.DataLoader(train, batch_size=64, shuffle=True, drop_last=True,
                                          generator=torch.Generator().manual_seed(seed))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-4, weight_decay=0.05)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from defaults_vs_plain import EPOCHS, make_task_folder  # noqa: E402
+from defaults_vs_plain import EPOCHS, fit_and_score, make_task_folder  # noqa: E402
 
 BASE = "vit_fmnist_patch16_224"
 
@@ -46,27 +46,10 @@ def run(folder: Path, scale: float, frozen: bool, seed: int, epochs: int = EPOCH
     model.reset_classifier(len(train.classes))
     for name, p in model.named_parameters():
         p.requires_grad = not (frozen and name.startswith("patch_embed"))
-    loader = torch.utils.data.DataLoader(train, batch_size=64, shuffle=True, drop_last=True,
-                                         generator=torch.Generator().manual_seed(seed))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-4, weight_decay=0.05)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs * len(loader))
-    criterion = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
     start = model.patch_embed.proj.weight.detach().clone()
-    for _ in range(epochs):
-        model.train()
-        for images, labels in loader:
-            loss = criterion(model(images), labels)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
+    top1 = fit_and_score(model, train, test, seed, epochs)
     moved = ((model.patch_embed.proj.weight.detach() - start).norm() / start.norm()).item()
-    model.eval()
-    correct = 0
-    with torch.no_grad():
-        for images, labels in torch.utils.data.DataLoader(test, batch_size=256):
-            correct += (model(images).argmax(-1) == labels).sum().item()
-    return {"kernel_std": round(start.std().item(), 4), "top1": round(100.0 * correct / len(test), 2),
+    return {"kernel_std": round(start.std().item(), 4), "top1": round(top1, 2),
             "kernel_moved": round(moved, 3)}
 
 
