@@ -142,3 +142,13 @@ def test_a_step_that_needs_more_memory_than_the_machine_has_is_refused_before_an
     # checkpointed, each block keeps its input and one block is recomputed: 307 kB, and the run trains
     assert main(finetune_args(model, data, tmp_path, "--grad-checkpointing", "--epochs", "1")) == 0
     assert (tmp_path / "store").exists()
+
+
+def test_the_memory_check_counts_the_batches_the_loaders_workers_hold(tiny, tmp_path, capsys, monkeypatch):  # noqa: F811
+    from attnft.tuning import step_memory
+
+    model, data = tiny  # 446.46 kB a step with 98.30 kB of images; 2 workers prefetch 2 batches each
+    monkeypatch.setattr(step_memory, "device_memory", lambda device: 500_000)
+    argv = finetune_args(model, data, tmp_path)
+    assert_refused(capsys, argv[:argv.index("--workers")] + ["--workers", "2"] + argv[argv.index("--workers") + 2:],
+                   "needs at least 839.68 kB", "the images, and the loader's 4 batches in flight", tmp_path=tmp_path)

@@ -20,7 +20,7 @@ from .config import FinetuneConfig
 from .processes import check_runtime, new_accelerator, warn_if_fewer_processes
 from .results import default_adapter_name
 from .run_folder import RunLock, check_output_dir_free, check_output_dir_usable
-from .speed import default_workers
+from .speed import PREFETCH_FACTOR, default_workers
 
 if TYPE_CHECKING:
     from ..adapters.store import AdapterStore
@@ -152,16 +152,21 @@ def _check_memory_fits(cfg: FinetuneConfig, applied, accelerator, data_cfg: dict
     memory = device_memory(accelerator.device)
     if estimate is None or memory is None:
         return  # a model whose tokens attnft cannot read, a device that does not say: not guessed
-    sharing = _processes_here() if accelerator.device.type == "cpu" else 1  # CPU processes share the RAM
-    if estimate.total * sharing <= memory:
+    on_cpu = accelerator.device.type == "cpu"
+    sharing = _processes_here() if on_cpu else 1  # CPU processes share the RAM
+    # on the CPU the loader's workers hold their prefetched batches in the same RAM
+    in_flight = cfg.workers * PREFETCH_FACTOR if on_cpu else 0
+    needed = estimate.total + estimate.images * in_flight
+    if needed * sharing <= memory:
         return
     where = "this machine's RAM" if accelerator.device.type == "cpu" else str(accelerator.device)
     shared = f", shared by {sharing} processes" if sharing > 1 else ""
-    smaller = _smaller_batch(cfg, memory // sharing * cfg.batch_size // estimate.total)
+    smaller = _smaller_batch(cfg, memory // sharing * cfg.batch_size // needed)
+    batches = f"the images, and the loader's {in_flight} batches in flight" if in_flight else "and the images"
     raise ConfigError(
         f"--batch-size {cfg.batch_size} at {data_cfg['input_size'][-1]} px needs at least "
-        f"{format_bytes(estimate.total)} for one training step of {cfg.model} (the activations of {estimate.blocks} "
-        f"blocks of {estimate.tokens:,} tokens x {estimate.width}, and the images), more than the "
+        f"{format_bytes(needed)} for one training step of {cfg.model} (the activations of {estimate.blocks} "
+        f"blocks of {estimate.tokens:,} tokens x {estimate.width}, {batches}), more than the "
         f"{format_bytes(memory)} of {where}{shared}: pass {smaller}, a smaller --res"
         + ("" if cfg.grad_checkpointing else ", or --grad-checkpointing"))
 

@@ -84,8 +84,11 @@ def default_workers(processes: int = 1, cores: Optional[int] = None) -> int:
     return max(0, min(MAX_DEFAULT_WORKERS, cores // processes - 1))
 
 
+PREFETCH_FACTOR = 2  # batches in flight per loader worker (torch's default)
+
+
 def loader_kwargs(workers: int, device: Device, *, persistent: bool = True,
-                  prefetch_factor: int = 2) -> dict[str, Any]:
+                  prefetch_factor: int = PREFETCH_FACTOR) -> dict[str, Any]:
     """``DataLoader`` keyword arguments for ``workers`` worker processes feeding ``device``.
 
     - ``num_workers``: ``workers``.
