@@ -46,6 +46,13 @@ def test_eval_refuses_at_parse_time(capsys, flags, words):
     assert_refused(capsys, ["eval", "--model", "vit_fmnist_patch4_28", *flags], *words)
 
 
+@pytest.mark.parametrize("command", ["finetune", "eval"])
+def test_a_mistyped_inat_category_is_refused_before_the_model_is_looked_for(tmp_path, capsys, command):
+    argv = [command, "--model", "hf-hub:nobody/no-such-model", "--dataset", "inat2018", "--data-dir", str(tmp_path),
+            "--inat-category", "species"]
+    assert_refused(capsys, argv, "--inat-category species: choose one of name, genus, family")
+
+
 def test_more_accumulation_than_an_epoch_has_batches_is_refused_before_training(tiny, tmp_path, capsys):  # noqa: F811
     model, data = tiny  # 48 training images: 6 batches of 8
     assert_refused(capsys, finetune_args(model, data, tmp_path, "--grad-accum", "7"),

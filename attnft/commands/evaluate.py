@@ -76,10 +76,13 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     from torch.utils.data import DataLoader
 
     from .. import bundled  # noqa: F401  registers the default model in timm
-    from ..data import build_transforms, collate_skipping_failures, load_task, quiet_datasets, with_transform
+    from ..data import (build_transforms, check_inat_category, collate_skipping_failures, load_task, quiet_datasets,
+                        with_transform)
     from ..core.errors import ConfigError
     from ..training.evaluate import evaluate
     from ..adapters.store import find_adapter
+
+    check_inat_category(cfg.inat_category)  # a typo, before the model is built
     from ..models import create_model, data_config
     from ..training.processes import check_precision, new_accelerator
 
@@ -114,8 +117,11 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     else:
         data_cfg = data_config(model, res, cfg.crop_pct)
     if model.num_classes != task.num_classes:
-        raise ConfigError(f"{model_name} has {model.num_classes} classes, {task.name} has {task.num_classes}: "
-                          f"evaluate with the adapter trained on it (--adapter)")
+        level = (" at another --inat-category than the run's" if cfg.adapter and task.name.startswith("inat")
+                 else "")
+        raise ConfigError(f"{model_name} has {model.num_classes} classes, {task.name} has {task.num_classes}{level}: "
+                          f"evaluate with the adapter trained on it (--adapter)"
+                          + (", and the run's --inat-category" if level else ""))
 
     transform = build_transforms(data_cfg, train=False)
     loader = DataLoader(with_transform(task.eval, transform), batch_size=cfg.batch_size, shuffle=False,

@@ -17,6 +17,7 @@ from .images import (
 )
 from .loading import TaskData, check_batch_size, load_task, quiet_datasets
 from .presets import PRESETS, DatasetPreset, get_preset
+from .inaturalist import check_inat_category
 from .transforms import (
     AugConfig,
     Mixup,
@@ -41,6 +42,7 @@ __all__ = [
     "build_transforms",
     "check_auto_augment",
     "check_batch_size",
+    "check_inat_category",
     "collate_skipping_failures",
     "decode_image",
     "get_preset",

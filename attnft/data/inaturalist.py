@@ -88,16 +88,21 @@ def _read_taxonomy(root: str) -> dict[int, dict] | None:
                         f"{{id, name, genus, family, ...}})") from None
 
 
+def check_inat_category(level: str) -> None:
+    """DataError unless ``level`` is one of :data:`INAT_LEVELS` (before any model or data is read)."""
+    if level not in INAT_LEVELS:
+        raise DataError(f"--inat-category {short(level)}: choose one of {', '.join(INAT_LEVELS)}")
+
+
 def inat_json_classes(root: str, split: str, level: str = "name") -> InatClasses:
     """The categories of ``<root>/<split>.json`` as classes at ``level`` (:data:`INAT_LEVELS`).
 
     At ``name`` (the species) each category is a class, in the order of their ids; at a level above, each
-    of its values (a genus, a family, ...) is one, in sorted order, as DeiT's iNaturalist loader counts
-    them. The names come from ``categories.json``, downloaded beside the split files; without it the
+    of its values (a genus, a family, ...) is one, in sorted order: the classes DeiT's iNaturalist loader
+    counts, numbered by name rather than by first appearance in the annotations as there. The names come from ``categories.json``, downloaded beside the split files; without it the
     split's own category names (ids, for 2018 and 2019) stand, and only ``name`` can be chosen.
     """
-    if level not in INAT_LEVELS:
-        raise DataError(f"iNaturalist category level {level!r}: choose one of {', '.join(INAT_LEVELS)}")
+    check_inat_category(level)
     categories = sorted(_read_json(root, split)["categories"], key=lambda category: category["id"])
     ids = [category["id"] for category in categories]
     taxonomy = _read_taxonomy(root)

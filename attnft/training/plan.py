@@ -54,7 +54,7 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
 
     from .. import bundled  # noqa: F401  registers the default model in timm
     from ..adapters.store import AdapterStore
-    from ..data import check_auto_augment, quiet_datasets
+    from ..data import check_auto_augment, check_inat_category, quiet_datasets
     from ..models import base_label_names, create_model, data_config, head_fits
     from ..roles import build_role_map
     from ..tuning.methods import parse_method
@@ -63,6 +63,7 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
     accelerator = _accelerator(cfg)
     check_runtime(cfg, accelerator)
     check_auto_augment(cfg.auto_augment)
+    check_inat_category(cfg.inat_category)
     if method.is_peft and accelerator.distributed_type == DistributedType.FSDP:
         raise ConfigError(f"--policy {cfg.policy} (peft) is not supported under FSDP yet: use DDP")
     if cfg.model_ema and accelerator.distributed_type == DistributedType.FSDP:

@@ -16,8 +16,9 @@ Measured (fp32, fused attention, 257 tokens of width 64), a block keeps about 10
 gradient passing, 11.4 under ``attn``, 16.6 fully trained; the estimate counts 10. Whole-block gradient
 checkpointing keeps each block's input (N x D) and, in the backward, one block recomputed in full.
 Everything counts at the smaller of the parameters' and the autocast dtype's size. Not counted: the
-weights, their gradients and optimizer state, the activations of the first block with a trainable weight (when nothing before it trains), the backward's
-transient gradients and the batches the loader's workers hold.
+weights, their gradients and optimizer state, the activations of the first block with a trainable weight
+(when nothing before it trains), the backward's transient gradients. The batches the loader's workers hold in the same RAM are added by the run's check
+(:mod:`attnft.training.plan`), which knows the workers.
 
 Only models whose blocks all see the same tokens at the same width are estimated (timm's
 ``VisionTransformer``, ``Eva``, ``Beit``: ``embed_dim``, ``num_prefix_tokens``, a patch grid, one global
@@ -157,12 +158,24 @@ def _is_count(value: object) -> bool:
 
 
 def device_memory(device: torch.device) -> Optional[int]:
-    """The memory ``device`` has in all, in bytes: a GPU's, or the machine's RAM for the CPU; None where unknown."""
+    """The memory ``device`` has in all, in bytes: a GPU's, or for the CPU the machine's RAM and swap (a run
+    that swaps is slow, but it trains); None where unknown."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[1]
     if device.type == "cpu":
         try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") + _swap_bytes()
         except (ValueError, OSError, AttributeError):  # not a POSIX system that tells
             return None
     return None
+
+
+def _swap_bytes() -> int:
+    """SwapTotal of /proc/meminfo, in bytes; 0 where there is none to read."""
+    try:
+        with open("/proc/meminfo") as f:
+            line = next((line for line in f if line.startswith("SwapTotal:")), "")
+    except OSError:
+        return 0
+    parts = line.split()
+    return int(parts[1]) * 1024 if len(parts) >= 2 and parts[1].isdigit() else 0
