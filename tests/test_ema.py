@@ -10,7 +10,7 @@ from torch import nn
 from attnft.cli import main
 from attnft.training.ema import TrainedEma
 from attnft.adapters.store import AdapterStore
-from test_runner import _fails_cleanly, finetune_args, one_thread_and_private_caches, tiny  # noqa: F401
+from test_runner import _fails_cleanly, eval_as_run_reported, finetune_args, one_thread_and_private_caches, tiny  # noqa: F401
 
 QUIET = ["--no-eval-before", "--eval-every", "0", "--name", "run"]
 
@@ -66,12 +66,7 @@ def test_the_accuracy_reported_is_attnft_evals_of_the_saved_average(tiny, tmp_pa
                               "--model-ema-decay", "0.7", "--layer-decay", "0.75", "--crop-pct", "0.9",
                               "--name", "colors")) == 0
     result = json.loads((tmp_path / "run" / "result.json").read_text())
-    assert main(["eval", "--adapter", "colors", "--store", str(tmp_path / "store"), "--dataset", data,
-                 "--workers", "0", "--batch-size", "8", "--output", str(tmp_path / "eval.json")]) == 0
-    evaluated = json.loads((tmp_path / "eval.json").read_text())
-    assert evaluated["top1"] == result["accuracy_after"]
-    assert evaluated["per_class"] == result["final_eval"]["per_class"]
-    assert evaluated["loss"] == pytest.approx(result["final_eval"]["loss"], rel=1e-6)
+    eval_as_run_reported(tmp_path, data, result)
 
 
 def test_ema_and_layer_decay_are_printed_and_recorded_in_config_yaml_and_the_adapter(tiny, tmp_path, capsys):

@@ -93,6 +93,17 @@ def tiny(tmp_path):
 
 # ---- end to end --------------------------------------------------------------------------------
 
+def eval_as_run_reported(tmp_path, data: str, result: dict, name: str = "colors") -> dict:
+    """``attnft eval`` of the stored adapter ``name`` on ``data``: its JSON, checked to give the run's own figures."""
+    assert main(["eval", "--adapter", name, "--store", str(tmp_path / "store"), "--dataset", data,
+                 "--workers", "0", "--batch-size", "8", "--output", str(tmp_path / "eval.json")]) == 0
+    evaluated = json.loads((tmp_path / "eval.json").read_text())
+    assert evaluated["top1"] == result["accuracy_after"]
+    assert evaluated["per_class"] == result["final_eval"]["per_class"]
+    assert evaluated["loss"] == pytest.approx(result["final_eval"]["loss"], rel=1e-6)
+    return evaluated
+
+
 def test_finetune_saves_an_adapter_that_attnft_eval_scores_exactly_as_the_run_reported(tiny, tmp_path, capsys):
     model, data = tiny
     assert main(finetune_args(model, data, tmp_path, "--res", "48", "--epochs", "3", "--name", "colors")) == 0
@@ -101,12 +112,7 @@ def test_finetune_saves_an_adapter_that_attnft_eval_scores_exactly_as_the_run_re
     assert result["adapter_path"] == str(tmp_path / "store" / "colors")
     assert result["accuracy_after"] > 90.0  # colours are easy; the run did learn
 
-    assert main(["eval", "--adapter", "colors", "--store", str(tmp_path / "store"), "--dataset", data,
-                 "--workers", "0", "--batch-size", "8", "--output", str(tmp_path / "eval.json")]) == 0
-    evaluated = json.loads((tmp_path / "eval.json").read_text())
-    assert evaluated["top1"] == result["accuracy_after"]
-    assert evaluated["per_class"] == result["final_eval"]["per_class"]
-    assert evaluated["loss"] == pytest.approx(result["final_eval"]["loss"], rel=1e-6)
+    evaluated = eval_as_run_reported(tmp_path, data, result)
     assert evaluated["input_size"] == 48 and evaluated["num_samples"] == 18
     assert f"accuracy after:  {result['accuracy_after']:.2f}%" in printed
     assert f"adapter saved:   {result['adapter_path']}" in printed

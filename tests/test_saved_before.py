@@ -8,20 +8,10 @@ import pytest
 import torch
 
 from attnft.adapters.store import AdapterStore
-from tiny_models import tiny_model
+from fixtures.write_main_adapters import base, batch  # the base and batch the fixtures were written with
 
 SAVED = Path(__file__).resolve().parent / "fixtures" / "main-3d0127a"
 LOGITS = json.loads((SAVED / "logits.json").read_text())
-
-
-def base():
-    torch.manual_seed(0)
-    return tiny_model("vit", num_classes=3).eval()
-
-
-def batch():
-    torch.manual_seed(1)
-    return torch.randn(2, 3, 32, 32)
 
 
 @pytest.fixture

@@ -163,7 +163,7 @@ def _load_image_folder_with_datasets(directory: str, train_split, eval_split, st
 def _load_saved(directory: str, train_split, eval_split, streaming) -> Loaded:
     """A ``save_to_disk`` folder: only the splits asked for are read (an empty one is refused by name)."""
     source = f"saved dataset {directory}"
-    split_folders = _saved_split_folders(directory, source)
+    split_folders = _saved_split_folders(directory)
     train_split, eval_split = _resolve_splits(list(split_folders), train_split, eval_split, source)
     splits = [_concatenate([_read_saved_split(split_folders[part], part, source) for part in split.split("+")])
               if split else None for split in (train_split, eval_split)]
@@ -173,7 +173,7 @@ def _load_saved(directory: str, train_split, eval_split, streaming) -> Loaded:
     return Loaded(f"saved dataset {directory}", splits[0], splits[1], train_split, eval_split)
 
 
-def _saved_split_folders(directory: str, source: str) -> dict[str, str]:
+def _saved_split_folders(directory: str) -> dict[str, str]:
     """split -> its folder: those ``dataset_dict.json`` lists, or ``train`` for a Dataset saved on its own."""
     listing = os.path.join(directory, datasets.config.DATASETDICT_JSON_FILENAME)
     if not os.path.isfile(listing):
