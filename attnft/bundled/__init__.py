@@ -53,10 +53,11 @@ LABEL_NAMES = (
 MEAN = 0.2860
 STD = 0.3530
 # The pseudo-inverse resize of a 4x4 kernel to 16x16 divides it by the area ratio, leaving it at a quarter of the
-# scale PyTorch initialises a 3x16x16 kernel at (std 0.0056 against 1/sqrt(3*16*16) = 0.021). Adam moves every
-# weight by about the learning rate whatever its size, so full fine-tuning at 5e-4 moved that kernel by half its
-# norm in 110 steps (digits at 224 px: 65.9% against 94.7% with the kernel frozen). The derivation multiplies the
-# kernel by 4 and the input std by 4 (exact in floating point): the same function, the kernel at a trained ViT's scale.
+# scale PyTorch initialises a 3x16x16 kernel at (std 0.0056 against 1/sqrt(3 * fan_in) = 0.021, fan_in 768).
+# Adam moves every weight by about the learning rate whatever its size, so full fine-tuning at 5e-4 moved that
+# kernel by half its norm in 110 steps (digits at 224 px: 65.9% against 94.7% with the kernel frozen). The derivation
+# multiplies the kernel by 4 and the input std by 4 (exact in floating point): the same function, the kernel at a
+# trained ViT's scale.
 INPUT_SCALE = {BUNDLED_MODEL_16: 4}
 
 
