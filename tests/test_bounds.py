@@ -133,7 +133,28 @@ def test_finetune_on_inaturalist_at_the_genus_level_trains_a_head_of_its_genera(
                          "--epochs", "1", "--batch-size", "2", "--name", "genera")
     assert main(argv) == 0
     config = json.loads((tmp_path / "store" / "genera" / "adapter_config.json").read_text())
-    assert config["label_names"] == ["Fagus", "Quercus"]
+    assert config["label_names"] == ["Fagus", "Quercus"] and config["training"]["inat_category"] == "genus"
+
+
+def test_eval_of_an_inaturalist_adapter_reads_the_copy_at_the_level_it_was_trained_at(tiny, tmp_path, capsys):  # noqa: F811
+    import json
+
+    from test_data import INAT_SPLITS, NUMBERED, TAXONOMY, write_inat_json
+
+    model, _ = tiny
+    root = write_inat_json(tmp_path / "inat", NUMBERED, INAT_SPLITS, taxonomy=TAXONOMY)
+    argv = finetune_args(model, "inat2018", tmp_path, "--data-dir", str(root), "--inat-category", "genus",
+                         "--epochs", "1", "--batch-size", "2", "--name", "genera")
+    assert main(argv) == 0
+    capsys.readouterr()
+    evaluate = ["eval", "--adapter", "genera", "--store", str(tmp_path / "store"), "--dataset", "inat2018",
+                "--data-dir", str(root), "--workers", "0", "--no-progress"]
+    assert main(evaluate) == 0  # no --inat-category: the adapter's genus, not the species (3 classes, not 2)
+    assert sorted(json.loads(capsys.readouterr().out)["per_class"]) == ["Fagus", "Quercus"]
+    assert main(evaluate + ["--inat-category", "genus"]) == 0
+    capsys.readouterr()
+    assert_refused(capsys, evaluate + ["--inat-category", "name"],
+                   "adapter genera classifies inat2018 at --inat-category genus, not name: leave out --inat-category")
 
 
 def test_a_step_that_needs_more_memory_than_the_machine_has_is_refused_before_anything_is_written(tiny, tmp_path, capsys, monkeypatch):  # noqa: F811

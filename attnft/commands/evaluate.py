@@ -82,7 +82,8 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     from ..training.evaluate import evaluate
     from ..adapters.store import find_adapter
 
-    check_inat_category(cfg.inat_category)  # a typo, before the model is built
+    if cfg.inat_category is not None:
+        check_inat_category(cfg.inat_category)  # a typo, before the model is built
     from ..models import create_model, data_config
     from ..training.processes import check_precision, new_accelerator
 
@@ -91,6 +92,7 @@ def evaluate_model(cfg: EvalConfig) -> dict:
 
     found = find_adapter(cfg.adapter, cfg.store) if cfg.adapter is not None else None
     adapter_config = found.config if found is not None else None
+    inat_category = _inat_category(cfg, adapter_config)
     model_name = cfg.model or (adapter_config.model_name if adapter_config else DEFAULT_MODEL)
     if adapter_config is not None and cfg.res is not None and cfg.res != adapter_config.input_size:
         raise ConfigError(f"adapter {cfg.adapter} was trained at {adapter_config.input_size} px, not {cfg.res}: "
@@ -102,7 +104,7 @@ def evaluate_model(cfg: EvalConfig) -> dict:
         task = load_task(
             cfg.dataset, data_dir=cfg.data_dir, image_key=cfg.image_key, label_key=cfg.label_key,
             train_split=cfg.split, eval_split=cfg.split, max_eval=_max_eval(cfg), val_fraction=cfg.val_fraction,
-            inat_category=cfg.inat_category,
+            inat_category=inat_category,
         )
     if found is not None:
         model = found.model(cfg.model, cfg.checkpoint)  # peft's: the PeftModel wrapping the base
@@ -117,11 +119,8 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     else:
         data_cfg = data_config(model, res, cfg.crop_pct)
     if model.num_classes != task.num_classes:
-        level = (" at another --inat-category than the run's" if cfg.adapter and task.name.startswith("inat")
-                 else "")
-        raise ConfigError(f"{model_name} has {model.num_classes} classes, {task.name} has {task.num_classes}{level}: "
-                          f"evaluate with the adapter trained on it (--adapter)"
-                          + (", and the run's --inat-category" if level else ""))
+        raise ConfigError(f"{model_name} has {model.num_classes} classes, {task.name} has {task.num_classes}: "
+                          f"evaluate with the adapter trained on it (--adapter)")
 
     transform = build_transforms(data_cfg, train=False)
     loader = DataLoader(with_transform(task.eval, transform), batch_size=cfg.batch_size, shuffle=False,
@@ -137,6 +136,25 @@ def evaluate_model(cfg: EvalConfig) -> dict:
         "input_size": int(data_cfg["input_size"][-1]),
         **result.to_dict(),
     }
+
+
+def _inat_category(cfg: EvalConfig, adapter_config) -> str:
+    """The taxonomic level to read an iNaturalist copy at: the adapter's (its head's classes are at that level),
+    which ``--inat-category`` may repeat but not contradict; ``name`` (the species) without an adapter."""
+    from ..core.errors import ConfigError, DataError
+    from ..data import check_inat_category, takes_inat_category
+
+    trained = adapter_config.training.get("inat_category", "name") if adapter_config is not None else None
+    if trained is None or not takes_inat_category(cfg.dataset):
+        return cfg.inat_category or "name"
+    try:
+        check_inat_category(trained)
+    except DataError as error:  # a tampered config
+        raise DataError(f"adapter {cfg.adapter}'s training record: {error}") from None
+    if cfg.inat_category is not None and cfg.inat_category != trained:
+        raise ConfigError(f"adapter {cfg.adapter} classifies {cfg.dataset} at --inat-category {trained}, not "
+                          f"{cfg.inat_category}: leave out --inat-category to evaluate it")
+    return trained
 
 
 def _max_eval(cfg: EvalConfig):

@@ -16,7 +16,7 @@ from .images import (
     to_rgb,
 )
 from .loading import TaskData, check_batch_size, load_task, quiet_datasets
-from .presets import PRESETS, DatasetPreset, get_preset
+from .presets import PRESETS, DatasetPreset, get_preset, takes_inat_category
 from .inaturalist import check_inat_category
 from .transforms import (
     AugConfig,
@@ -50,6 +50,7 @@ __all__ = [
     "make_mixup",
     "quiet_datasets",
     "flatten",
+    "takes_inat_category",
     "to_rgb",
     "with_transform",
 ]

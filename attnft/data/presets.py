@@ -103,6 +103,13 @@ PRESETS: dict[str, DatasetPreset] = {
 }
 
 
+def takes_inat_category(dataset: str | None) -> bool:
+    """Whether ``dataset`` can be classified at a taxonomic level (``--inat-category``): the json-layout
+    iNaturalist presets, whose ``categories.json`` gives the levels."""
+    preset = PRESETS.get(dataset) if dataset is not None else None
+    return preset is not None and preset.layout == INAT_JSON
+
+
 def get_preset(name: str) -> DatasetPreset:
     """The preset called ``name``; a :class:`DataError` listing the presets if there is none."""
     try:

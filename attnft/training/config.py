@@ -306,8 +306,8 @@ class EvalConfig:
                                    group=DATA)
     val_fraction: float = _opt(0.1, "data without an evaluation split: score the share finetune held out "
                                "(the same images for the same value)", group=DATA)
-    inat_category: str = _opt("name", "iNaturalist 2018/2019: the level the classes are at, as in finetune",
-                              metavar="LEVEL", group=DATA)
+    inat_category: Optional[str] = _opt(None, "iNaturalist 2018/2019: the level the classes are at, as in finetune "
+                                        "(default: the adapter's, else name)", metavar="LEVEL", group=DATA)
     batch_size: int = _opt(64, "images per batch", group=RUN)
     workers: int = _opt(2, "data loader worker processes", group=RUN)
     precision: str = _opt("no", "mixed precision: no, bf16, fp16 (GPU)", choices=PRECISIONS, group=RUN)

@@ -97,6 +97,8 @@ def training_record(cfg: FinetuneConfig, task, final: EvalResult) -> dict:
         record["distillation"] = {"type": cfg.distillation, "alpha": cfg.distillation_alpha,
                                   "tau": cfg.distillation_tau, "teacher": cfg.teacher,
                                   "teacher_checkpoint": cfg.teacher_checkpoint, "teacher_adapter": cfg.teacher_adapter}
+    if cfg.inat_category != "name":  # eval reads it back: the head's classes are at this level
+        record["inat_category"] = cfg.inat_category
     if cfg.layer_decay is not None:
         record["layer_decay"] = cfg.layer_decay
     if cfg.model_ema:  # the adapter holds the averaged weights
