@@ -97,15 +97,26 @@ def test_saved_datasetdict_directory_is_read_with_load_from_disk(tmp_path):
     assert image.mode == "RGB" and image.size == (10, 10) and label == 1
 
 
+FLOWERS_SPLITS = {"train": 1020, "validation": 1020, "test": 6149}  # the official setid split
+
+
+def pixel_splits(sizes: dict, label_names: list[str]) -> dict:
+    """{split: a datasets.Dataset of that many 2x2 images}, labels cycling through ``label_names``."""
+    features = Features({"image": ImageFeature(), "label": ClassLabel(names=label_names)})
+    pixel = Image.new("RGB", (2, 2))
+    return {split: Dataset.from_dict({"image": [pixel] * n, "label": [i % len(label_names) for i in range(n)]},
+                                     features=features) for split, n in sizes.items()}
+
+
 def test_local_copy_of_a_hub_repo_loads_with_a_presets_splits_and_keys(tmp_path):
     # flowers102 trains on train+validation; the repo's other splits are not read
     repo = tmp_path / "flowers"
     os.makedirs(repo / "data")
-    for split, count in (("train", 4), ("validation", 3), ("test", 5)):
-        image_dataset(count, ["rose", "tulip"]).to_parquet(repo / "data" / f"{split}-00000-of-00001.parquet")
+    for split, rows in pixel_splits(FLOWERS_SPLITS, ["rose", "tulip"]).items():
+        rows.to_parquet(repo / "data" / f"{split}-00000-of-00001.parquet")
     (repo / "data" / "contrast-00000-of-00001.parquet").write_bytes(b"not parquet: fails if read")
     task = load_task("flowers102", data_dir=str(repo))
-    assert (len(task.train), len(task.eval)) == (7, 5)
+    assert (len(task.train), len(task.eval)) == (2040, 6149)
     assert task.name == "flowers102" and task.label_names == ["rose", "tulip"]
 
 
@@ -160,12 +171,11 @@ def test_fashion_mnist_is_the_default_dataset():
 def test_a_hub_preset_reads_its_own_splits_and_columns_from_a_local_copy(tmp_path, name):
     """A copy holding decoys (another split, a second image and label column) loads only what the preset names."""
     preset = get_preset(name)
-    sizes = {"train": 4, "validation": 3, "test": 5, "extra": 2}
-    decoys = {"thumbnail": ([Image.new("RGB", (3, 3))] * 9, ImageFeature()),
-              "decoy_label": ([2] * 9, ClassLabel(names=["x", "y", "z"]))}
+    sizes = {"train": 4, "validation": 3, "test": 5, "extra": 2, **dict(preset.split_sizes)}  # checked on load
+    decoys = {"thumbnail": (Image.new("RGB", (3, 3)), ImageFeature()), "decoy_label": (2, ClassLabel(names=["x", "y", "z"]))}
     splits = {}
     for split, count in sizes.items():
-        data = image_dataset(count, ["a", "b"], extra={k: (v[:count], f) for k, (v, f) in decoys.items()})
+        data = image_dataset(count, ["a", "b"], extra={k: ([v] * count, f) for k, (v, f) in decoys.items()})
         splits[split] = data.rename_columns({"image": preset.image_key, "label": preset.label_key}) \
             if preset.image_key != "image" or preset.label_key != "label" else data
     DatasetDict(splits).save_to_disk(tmp_path / "copy")
@@ -489,6 +499,31 @@ def test_the_download_hint_fetches_only_the_files_of_the_splits_the_preset_reads
     done = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=60)
     assert done.returncode == 1 and "DryRunError" in done.stderr, done.stderr[-500:]  # parsed; no usage error (2)
     assert not (tmp_path / "cars").exists()
+
+
+def test_the_flowers_preset_reads_the_pinned_commit_and_its_hint_fetches_that_commit(tmp_path):
+    """A later push to the repo cannot change the benchmark: the preset names a commit, and the copy the hint makes
+    is of that commit (huggingface_hub's CLI parses the command; offline it stops at the hub)."""
+    preset = get_preset("flowers102")
+    assert re.fullmatch(r"[0-9a-f]{40}", preset.revision)
+    with pytest.raises(DataError) as error:
+        load_task("flowers102")
+    command = re.search(r"\((hf download .*?)\)", str(error.value)).group(1)
+    words = shlex.split(command)
+    assert words[words.index("--revision") + 1] == preset.revision
+    hf = shutil.which("hf", path=os.path.dirname(sys.executable)) or shutil.which("hf")
+    argv = [hf] + shlex.split(command.replace("DIR", str(tmp_path / "flowers")))[1:] + ["--dry-run"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=60)
+    assert done.returncode == 1 and "DryRunError" in done.stderr, done.stderr[-500:]
+
+
+def test_a_copy_of_a_preset_whose_split_is_not_the_standard_one_is_refused_by_name(tmp_path):
+    pushed = tmp_path / "pushed"  # one test image fewer: a later push, a partial download
+    DatasetDict(pixel_splits(dict(FLOWERS_SPLITS, test=6148), ["rose", "tulip"])).save_to_disk(pushed)
+    with pytest.raises(DataError, match="split 'test' of .* has 6,148 images, Oxford Flowers-102's standard split "
+                                        "has 6,149: this is not the benchmark copy"):
+        load_task("flowers102", data_dir=str(pushed))
+    assert len(load_task(str(pushed), eval_split="test").eval) == 6148  # as a plain directory: read as it is
 
 
 def test_inat_preset_without_data_dir_asks_for_it():

@@ -2,7 +2,8 @@
 
 Plain data; :func:`attnft.data.loading.load_task` reads it. Hub ids and columns were
 checked against the datasets' cards (the hub is not reachable from the test machines,
-so tests only check that a preset resolves to these values). Any hub preset also
+so tests only check that a preset resolves to these values); Flowers-102's ``revision`` is the commit a
+public benchmark pinned and counted, not read here, and ``split_sizes`` catch any other copy. Any hub preset also
 loads from a local copy given as ``data_dir`` (an ``hf download`` of the
 repo, or a ``save_to_disk`` directory) with the same columns and splits.
 """
@@ -33,6 +34,14 @@ class DatasetPreset:
     label_names_from: str  # where the class names come from, for humans
     streaming: bool = False  # the default when the caller does not choose
     notes: str = ""
+    revision: str | None = None  # the hub commit read (None: the repo's head)
+    split_sizes: tuple[tuple[str, int], ...] = ()  # (split, images) of the standard split: checked on load
+
+    def expected_size(self, split: str) -> int | None:
+        """The images of ``split`` (parts joined with ``+``) in the standard split; None when not known."""
+        sizes = dict(self.split_sizes)
+        parts = split.split("+")
+        return sum(sizes[part] for part in parts) if all(part in sizes for part in parts) else None
 
 
 PRESETS: dict[str, DatasetPreset] = {
@@ -43,12 +52,16 @@ PRESETS: dict[str, DatasetPreset] = {
             image_key="image", label_key="label", train_split="train", eval_split="test", num_classes=196,
             label_names_from="ClassLabel of the hub dataset",
             notes="8,144 / 8,041 images; the repo's corrupted test copies (contrast, pixelate, ...) are not fetched",
+            split_sizes=(("train", 8144), ("test", 8041)),
         ),
         DatasetPreset(
             name="flowers102", title="Oxford Flowers-102", layout=HUB, hub_id="Donghyun99/Oxford-Flower-102",
             image_key="image", label_key="label", train_split="train+validation", eval_split="test", num_classes=102,
             label_names_from="ClassLabel of the hub dataset",
             notes="the official setid split 1,020 / 1,020 / 6,149; train+val (2,040) for training, as in the paper",
+            # the commit a public benchmark pinned and counted 8,189 images at; the sizes below are checked on load
+            revision="7e43fe37eeb9278138ab0bd2d0abb10d0f703d09",
+            split_sizes=(("train", 1020), ("validation", 1020), ("test", 6149)),
         ),
         DatasetPreset(
             name="inat2018", title="iNaturalist 2018", layout=INAT_JSON, hub_id=None,

@@ -48,9 +48,26 @@ def load_preset(preset: DatasetPreset, data_dir, train_split, eval_split, stream
         return _load_inat_folders(preset, data_dir, train_split, eval_split, streaming)
     if preset.layout == HUB:
         if data_dir is not None:
-            return load_local(data_dir, train_split, eval_split, streaming)
-        return load_hub(preset.hub_id, f"hub {preset.hub_id}", train_split, eval_split, streaming)
+            loaded = load_local(data_dir, train_split, eval_split, streaming)
+        else:
+            at = f"@{preset.revision[:12]}" if preset.revision else ""
+            loaded = load_hub(preset.hub_id, f"hub {preset.hub_id}{at}", train_split, eval_split, streaming,
+                              revision=preset.revision)
+        _check_split_sizes(preset, loaded)
+        return loaded
     raise ValueError(f"preset {preset.name} has unknown layout {preset.layout!r}")
+
+
+def _check_split_sizes(preset: DatasetPreset, loaded: Loaded) -> None:
+    """A DataError when a split of the preset's standard split has another number of images than it: a copy that
+    is not the benchmark (a later push, a partial download) is never scored as if it were."""
+    for split, data in ((loaded.train_split, loaded.train), (loaded.eval_split, loaded.eval)):
+        expected = preset.expected_size(split) if split else None
+        if expected is None or not hasattr(data, "__len__") or len(data) == expected:
+            continue
+        raise DataError(f"split {split!r} of {loaded.source} has {len(data):,} images, {preset.title}'s standard "
+                        f"split has {expected:,}: this is not the benchmark copy (pass it as --dataset with its "
+                        f"location to train on it as it is)")
 
 
 def _load_fashion_mnist(preset, data_dir, train_split, eval_split) -> Loaded:
@@ -197,19 +214,21 @@ def _read_saved_split(folder: str, split: str, source: str) -> Dataset:
         raise DataError(f"cannot read split {split!r} of {source}: {short(error)}") from None
 
 
-def load_hub(path: str, source: str, train_split, eval_split, streaming, data_dir: str | None = None) -> Loaded:
-    """Through ``datasets``' builders; only the files of the requested splits are fetched and prepared."""
+def load_hub(path: str, source: str, train_split, eval_split, streaming, data_dir: str | None = None,
+             revision: str | None = None) -> Loaded:
+    """Through ``datasets``' builders, at ``revision`` (None: the head); only the files of the requested splits
+    are fetched and prepared."""
     try:
-        builder = datasets.load_dataset_builder(path, data_dir=data_dir)
+        builder = datasets.load_dataset_builder(path, data_dir=data_dir, revision=revision)
         available = [str(split) for split in (builder.config.data_files or builder.info.splits or {})]
         train_split, eval_split = _resolve_splits(available, train_split, eval_split, source)
         needed = {part for split in (train_split, eval_split) if split for part in split.split("+")}
         data_files = None
         if builder.config.data_files:
             data_files = {split: list(files) for split, files in builder.config.data_files.items() if str(split) in needed}
-        loaded = datasets.load_dataset(path, data_files=data_files, streaming=streaming)
+        loaded = datasets.load_dataset(path, data_files=data_files, streaming=streaming, revision=revision)
     except ConnectionError as error:
-        raise _hub_error(path, source, error, (train_split, eval_split)) from None
+        raise _hub_error(path, source, error, (train_split, eval_split), revision) from None
     except datasets.exceptions.DatasetNotFoundError:
         raise DataError(f"dataset {path!r} not found on the hub (nor as a local directory); "
                         f"presets: {', '.join(PRESETS)}") from None
@@ -222,16 +241,19 @@ def load_hub(path: str, source: str, train_split, eval_split, streaming, data_di
     return Loaded(source, splits[0], splits[1], train_split, eval_split, data_files=data_files)
 
 
-def download_command(path: str, splits=()) -> str:
-    """The command that copies hub dataset ``path`` for ``--data-dir``: only the named splits' files when
-    they are known (``data/<split>-*``, as ``push_to_hub`` names them, and the card that holds the features)."""
+def download_command(path: str, splits=(), revision: str | None = None) -> str:
+    """The command that copies hub dataset ``path`` (at ``revision``) for ``--data-dir``: only the named splits'
+    files when they are known (``data/<split>-*``, as ``push_to_hub`` names them, and the card that holds the
+    features)."""
     parts = sorted({part for split in splits if split for part in split.split("+")})
     include = "".join(f' --include "{pattern}"' for pattern in ["README.md"] + [f"data/{part}-*" for part in parts])
-    return f"hf download {path} --repo-type dataset{include if parts else ''} --local-dir DIR"
+    at = f" --revision {revision}" if revision else ""
+    return f"hf download {path} --repo-type dataset{at}{include if parts else ''} --local-dir DIR"
 
 
-def _hub_error(path: str, source: str, error: Exception, splits=()) -> DataError:
-    instead = f"pass --data-dir with a local copy ({download_command(path, splits)}) or a directory written by save_to_disk"
+def _hub_error(path: str, source: str, error: Exception, splits=(), revision: str | None = None) -> DataError:
+    instead = (f"pass --data-dir with a local copy ({download_command(path, splits, revision)}) or a directory "
+               "written by save_to_disk")
     if datasets.config.HF_HUB_OFFLINE:
         return DataError(f"{path} is not a local directory, and the hub is off "
                          f"(HF_DATASETS_OFFLINE/HF_HUB_OFFLINE); {instead}")
