@@ -122,3 +122,39 @@ def test_a_run_whose_output_dir_holds_a_fifo_for_its_log_is_refused_before_anyth
     assert code == 2 and "not a regular file" in err, err
     assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"] and stat.S_ISFIFO(os.lstat(out / "metrics.jsonl").st_mode)
     assert not (tmp_path / "store").exists()
+
+
+def _tiny_run(out, store, *extra):
+    return ["finetune", "--model", "vit_fmnist_patch4_28", "--max-train", "64", "--max-eval", "64", "--steps", "1",
+            "--batch-size", "32", "--workers", "0", "--no-progress", "--output-dir", str(out), "--store", str(store),
+            *extra]
+
+
+@pytest.mark.parametrize("flag", ["--overwrite", "--resume"])
+@pytest.mark.parametrize("foreign", ["a user's file", "a FIFO named as a checkpoint"])
+def test_a_checkpoints_folder_holding_what_attnft_did_not_write_is_refused_and_kept(capsys, tmp_path, flag, foreign):
+    """A fresh run removes the earlier checkpoints and a resumed one reads the newest: a user's file there is
+    never deleted, and a FIFO named as a checkpoint never hangs the read."""
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    if foreign == "a user's file":
+        (folder / "notes.txt").write_text("mine")
+    else:
+        os.mkfifo(folder / "step_00000001.pt")
+    assert main(_tiny_run(tmp_path / "run", tmp_path / "store", flag)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "which is no checkpoint attnft wrote" in lines[0], lines
+    if foreign == "a user's file":
+        assert (folder / "notes.txt").read_text() == "mine"
+    else:
+        assert stat.S_ISFIFO(os.lstat(folder / "step_00000001.pt").st_mode)
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["checkpoints"] and not (tmp_path / "store").exists()
+
+
+def test_a_fresh_run_over_an_earlier_one_removes_its_checkpoints_only(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert main(_tiny_run(out, tmp_path / "store", "--checkpoint-every", "1")) == 0
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_00000001.pt"]
+    (out / "checkpoints" / ".step_00000002.pt.tmp").write_bytes(b"a crashed write")
+    assert main(_tiny_run(out, tmp_path / "store", "--overwrite")) == 0
+    assert not (out / "checkpoints").exists()  # an earlier run's checkpoints, and its crashed write, are gone

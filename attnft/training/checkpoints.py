@@ -9,7 +9,6 @@ written atomically and read with ``weights_only``; a bad one is one ConfigError 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -21,9 +20,7 @@ from .config import RUN_ONLY_FIELDS
 from ..core.errors import ConfigError
 from ..core.files import io_error, remove_entry
 from .processes import on_main
-from .run_folder import CHECKPOINT_DIR
-
-_CHECKPOINT_NAME = re.compile(r"step_(\d+)\.pt$")
+from .run_folder import CHECKPOINT_DIR, CHECKPOINT_FILE
 
 
 @dataclass
@@ -194,5 +191,5 @@ def _first_sentence(error: Exception) -> str:
 def _checkpoints(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _CHECKPOINT_NAME.fullmatch(p.name))]
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := CHECKPOINT_FILE.fullmatch(p.name))]
     return [p for _, p in sorted(found)]

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
+import re
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import Optional
@@ -22,6 +23,7 @@ from .processes import on_main
 
 # what a run writes in its output dir
 CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_FILE = re.compile(r"step_(\d+)\.pt")  # in CHECKPOINT_DIR; written as ``.<name>.tmp``, then renamed
 METRICS_FILE = "metrics.jsonl"
 RUN_CONFIG_FILE = "config.yaml"
 RESULT_FILE = "result.json"
@@ -42,6 +44,29 @@ def check_output_dir_usable(output_dir: Path) -> None:
                           "pass --output-dir a folder you can write")
     for name in (RUN_CONFIG_FILE, METRICS_FILE, RESULT_FILE, LOCK_FILE):
         check_replaceable_file(output_dir / name, f"the run's {name}")  # a FIFO or device there is never replaced
+    _check_checkpoint_dir(output_dir / CHECKPOINT_DIR)
+
+
+def _is_checkpoint_name(name: str) -> bool:
+    return bool(CHECKPOINT_FILE.fullmatch(name) or (name.startswith(".") and name.endswith(".tmp")
+                                                    and CHECKPOINT_FILE.fullmatch(name[1:-len(".tmp")])))
+
+
+def _check_checkpoint_dir(directory: Path) -> None:
+    """ConfigError unless ``directory`` is absent or a folder of regular files named as attnft names checkpoints:
+    a fresh run removes them and a resumed one reads them, so nothing else may be there (a FIFO would hang the
+    read, a user's file would be deleted)."""
+    try:
+        mode = os.lstat(directory).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(mode):
+        raise ConfigError(f"{directory} is not a folder of checkpoints: move it away or pass another --output-dir")
+    for entry in os.scandir(directory):
+        if not (_is_checkpoint_name(entry.name) and entry.is_file(follow_symlinks=False)):
+            kind = "a regular file" if entry.is_file(follow_symlinks=False) else "not a regular file"
+            raise ConfigError(f"{directory} holds {entry.name} ({kind}), which is no checkpoint attnft wrote: "
+                              "move it away or pass another --output-dir")
 
 
 def check_output_dir_free(output_dir: Path, overwrite: bool, resume: bool) -> None:
@@ -60,8 +85,13 @@ def start_output_dir(output_dir: Path, config: dict, resumed_step: Optional[int]
 
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        if resumed_step is None:
-            shutil.rmtree(output_dir / CHECKPOINT_DIR, ignore_errors=True)
+        if resumed_step is None:  # an earlier run's checkpoints, and nothing else (checked before the run)
+            checkpoints = output_dir / CHECKPOINT_DIR
+            if checkpoints.is_dir():
+                for entry in checkpoints.iterdir():
+                    if _is_checkpoint_name(entry.name) and entry.is_file() and not entry.is_symlink():
+                        entry.unlink()
+                checkpoints.rmdir()
             for stale in (METRICS_FILE, RESULT_FILE):
                 (output_dir / stale).unlink(missing_ok=True)
         else:
