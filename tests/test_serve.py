@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from attnft.cli import main
-from attnft.core.files import WEIGHTS_FILE
+from attnft.core.files import CONFIG_FILE, WEIGHTS_FILE
 from attnft.models import create_model
 from attnft.adapters.store import AdapterStore
 from serve_helpers import (
@@ -43,6 +43,9 @@ def store(tmp_path_factory):
     data = bytearray(weights.read_bytes())
     data[-4:] = b"\x00\x00\x80\x7f"  # the last float becomes inf: the sha256 no longer matches
     weights.write_bytes(bytes(data))
+    save_attn_adapter(store, "tampered", 3, 50)
+    config = json.loads((store.path("tampered") / CONFIG_FILE).read_text())
+    (store.path("tampered") / CONFIG_FILE).write_text(json.dumps(dict(config, model_name=123)))  # unreadable
     return store
 
 
@@ -252,6 +255,15 @@ def test_an_adapter_failing_verify_answers_503_with_the_reason_and_the_others_se
     assert server.classify("shirts", png(110)).status_code == 200
     broken = {t["name"]: t for t in server.client.get("/v1/tasks").json()["tasks"]}["broken"]
     assert broken["status"] == "unavailable" and "sha256" in broken["error"]
+
+
+def test_an_adapter_whose_config_is_unreadable_answers_503_and_the_others_serve_on(server, offline):
+    response = server.classify("tampered", png(111))
+    assert response.status_code == 503 and response.json()["kind"] == "adapter_unavailable"
+    assert "model_name" in response.json()["error"] and "\n" not in response.json()["error"]
+    tampered = {t["name"]: t for t in server.client.get("/v1/tasks").json()["tasks"]}["tampered"]
+    assert tampered["status"] == "unavailable" and "model_name" in tampered["error"]
+    assert_equal_to_offline(server.classify("shirts", png(111), top_k=5).json(), offline.probabilities("shirts", png(111)))
 
 
 def test_a_full_queue_answers_503_with_retry_after(store, tmp_path):
