@@ -217,17 +217,30 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def render(rows: list[dict], seeds: list[int]) -> str:
-    lines = [f"| task | base | policy | attnft defaults | plain loop | attnft - plain | ({len(seeds)} seeds, top-1 %) |",
-             "|---|---|---|---:|---:|---:|---|"]
+def render(rows: list[dict]) -> str:
+    """One line per (task, base, policy): mean ± std over its seeds, and the difference's standard error (the
+    runs of a seed are paired: same images, same seed)."""
+    lines = ["| task | base | policy | seeds | attnft defaults | plain loop | attnft - plain (± s.e.) | augmentation |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
     by = {}
     for row in rows:
         by.setdefault((row["task"], row.get("base", BASE), row["policy"]), []).append(row)
     for (task, base, policy), group in by.items():
         a, p = _mean_std([r["attnft"] for r in group]), _mean_std([r["plain"] for r in group])
-        lines.append(f"| {task} | {base} | {policy} | {a[0]:.2f} ± {a[1]:.2f} | {p[0]:.2f} ± {p[1]:.2f} | "
-                     f"{a[0] - p[0]:+.2f} | {group[0]['aug']} |")
+        differences = [r["attnft"] - r["plain"] for r in group]
+        error = f" ± {statistics.stdev(differences) / len(group) ** 0.5:.2f}" if len(group) > 1 else ""
+        lines.append(f"| {task} | {base} | {policy} | {len(group)} | {a[0]:.2f} ± {a[1]:.2f} | {p[0]:.2f} ± {p[1]:.2f} | "
+                     f"{a[0] - p[0]:+.2f}{error} | {group[0]['aug']} |")
     return "\n".join(lines) + "\n"
+
+
+def _read_rows(path: Path) -> list[dict]:
+    """The rows of a results json (``{"rows": [...]}``), or the row lines a run printed."""
+    text = path.read_text()
+    try:
+        return json.loads(text)["rows"]
+    except (ValueError, KeyError, TypeError):
+        return [json.loads(line) for line in text.splitlines() if line.startswith('{"task"')]
 
 
 def _measure(task: str, folder: Path, base: str, policy: str, seed: int, res, work: Path) -> dict:
@@ -249,7 +262,13 @@ def main() -> None:
     parser.add_argument("--bases", nargs="+", default=[BASE], help="bundled models to fine-tune")
     parser.add_argument("--data-root", type=Path, default=Path(tempfile.gettempdir()) / "attnft-bench-data")
     parser.add_argument("--out", type=Path, default=None, help="write defaults_vs_plain.{json,md} here")
+    parser.add_argument("--from-rows", type=Path, nargs="+", metavar="FILE",
+                        help="render the table from the rows of earlier runs (their printed lines, or a json with "
+                        "'rows') instead of running")
     args = parser.parse_args()
+    if args.from_rows:
+        print(render([row for path in args.from_rows for row in _read_rows(path)]))
+        return
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     rows = []
     with tempfile.TemporaryDirectory() as work:
@@ -261,7 +280,7 @@ def main() -> None:
                 for seed in args.seeds:  # interleaved, so machine noise hits both alike
                     for policy in args.policies:
                         rows.append(_measure(task, folder, base, policy, seed, res, Path(work)))
-    table = render(rows, args.seeds)
+    table = render(rows)
     print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
