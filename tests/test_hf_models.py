@@ -334,3 +334,19 @@ def test_an_exported_processor_crops_as_attnft_evaluated():
     assert data_config["crop_pct"] == 0.875 and data_config["crop_mode"] == "squash"
     assert exported["size"] == {"height": 439, "width": 439} and exported["crop_size"] == {"height": 384, "width": 384}
     assert processor_data_config(exported, 384)["crop_pct"] == pytest.approx(384 / 439)
+
+
+def test_weight_decay_spares_a_transformers_models_position_embeddings_and_tokens_as_on_a_timm_vit(vit_dir):
+    """timm's optimizer factory asks the model what to spare; a timm ViT lists pos_embed and cls_token, and a
+    transformers model the role map's position tables and tokens (transformers' Trainer would decay them)."""
+    from timm.optim import create_optimizer_v2
+
+    model = create_model(vit_dir)
+    assert model.no_weight_decay() == {"vit.embeddings.position_embeddings", "vit.embeddings.cls_token"}
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    spared = {names[id(p)] for group in optimizer.param_groups if group["weight_decay"] == 0 for p in group["params"]}
+    assert {"vit.embeddings.position_embeddings", "vit.embeddings.cls_token"} <= spared
+    assert "vit.embeddings.patch_embeddings.projection.weight" not in spared
+    assert all(names[id(p)].endswith("bias") or p.ndim <= 1 or names[id(p)] in model.no_weight_decay()
+               for group in optimizer.param_groups if group["weight_decay"] == 0 for p in group["params"])

@@ -45,6 +45,11 @@ class PeftAdapterInfo:
     created: str  # ISO 8601, UTC
     metadata: dict
 
+    @property
+    def training(self) -> dict:
+        """How it was trained, as :class:`AdapterConfig` names it (the record's ``training``, kept as ``metadata``)."""
+        return self.metadata
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["path"] = str(self.path)

@@ -308,6 +308,12 @@ class TimmInterface:
         one's module and name, which pickle would look it up by and find the plain class instead."""
         return _unpickled, (type(self)._attnft_plain_class,), self.__getstate__()
 
+    def no_weight_decay(self) -> set[str]:
+        """What a timm model lists for timm's optimizer factory: the position tables and tokens (the role map's),
+        which weight decay then spares as on a timm ViT (transformers' own Trainer decays them)."""
+        role_map = build_role_map(self)
+        return {name for role in (Role.POS_EMBED, Role.TOKENS) for name in role_map.names_with_role(role)}
+
     def reset_classifier(self, num_classes: int) -> None:
         """A new classifier for ``num_classes`` (0: none), initialised as transformers does, on the old one's device."""
         reference = next(self.parameters())
