@@ -553,3 +553,26 @@ def test_metrics_read_back_after_a_run_are_strict_json(tiny, tmp_path):
         strict_loads(line)
     strict_loads((tmp_path / "run" / "result.json").read_text())
     assert len(MetricsLog(tmp_path / "run" / "metrics.jsonl").read()) == 4  # before, 2 steps, final
+
+
+def test_loras_new_weights_follow_seed_even_when_the_head_is_kept(tiny, tmp_path):  # noqa: F811
+    """--seed is the seed of initialisation: with the base's head kept (--no-new-head), LoRA's random A matrices
+    are drawn from it, not from whatever the process drew before (IA3 starts at ones, nothing random)."""
+    from attnft.training.config import FinetuneConfig
+    from attnft.training.plan import check_run
+
+    model, data = tiny
+
+    def new_weights(seed: int) -> dict:
+        cfg = FinetuneConfig(model=model, dataset=data, policy="lora:r=2", new_head=False, seed=seed, workers=0,
+                             batch_size=8, store=str(tmp_path / "store"), output_dir=str(tmp_path / "run"))
+        with contextlib.ExitStack() as on_exit:
+            plan = check_run(cfg, on_exit)
+            return {n: p.detach().clone() for n, p in plan.applied.model.named_parameters()
+                    if p.requires_grad and "head" not in n}
+
+    torch.rand(7)  # draws before the run do not matter
+    first, again, other = new_weights(0), new_weights(0), new_weights(1)
+    assert first and all(torch.equal(first[n], again[n]) for n in first)
+    assert any(not torch.equal(first[n], other[n]) for n in first)
+    assert not (tmp_path / "store").exists() and not (tmp_path / "run").exists()  # the checks write nothing

@@ -85,8 +85,9 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
         cfg = dataclasses.replace(cfg, workers=default_workers(accelerator.num_processes))
     fits = head_fits(base_label_names(model), model.num_classes, task.label_names)
     new_head = cfg.new_head if cfg.new_head is not None else fits is False
+    # what is new is drawn from --seed alone, alike in every process and every resume: the head, a peft method's weights
+    set_seed(cfg.seed)
     if new_head:
-        set_seed(cfg.seed)  # the same new head in every process and every resume
         model.reset_classifier(task.num_classes)
     elif model.num_classes != task.num_classes:
         raise ConfigError(f"--no-new-head: the base predicts {model.num_classes} classes, "
