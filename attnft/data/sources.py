@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import datasets
 from datasets import ClassLabel, Dataset
 
-from ..core.errors import DataError
+from ..core.errors import DataError, first_line
 from ..core.parsing import short
 from . import fashion_mnist, folder_cache, folders, inaturalist
 from .images import ArrayRows
@@ -229,7 +229,9 @@ def load_hub(path: str, source: str, train_split, eval_split, streaming, data_di
         loaded = datasets.load_dataset(path, data_files=data_files, streaming=streaming, revision=revision)
     except ConnectionError as error:
         raise _hub_error(path, source, error, (train_split, eval_split), revision) from None
-    except datasets.exceptions.DatasetNotFoundError:
+    except datasets.exceptions.DatasetNotFoundError as error:
+        if revision is not None:  # datasets' own line names the commit that is missing
+            raise DataError(first_line(error)) from None
         raise DataError(f"dataset {path!r} not found on the hub (nor as a local directory); "
                         f"presets: {', '.join(PRESETS)}") from None
     except FileNotFoundError as error:
