@@ -155,6 +155,12 @@ def test_eval_of_an_inaturalist_adapter_reads_the_copy_at_the_level_it_was_train
     capsys.readouterr()
     assert_refused(capsys, evaluate + ["--inat-category", "name"],
                    "adapter genera classifies inat2018 at --inat-category genus, not name: leave out --inat-category")
+    config_file = tmp_path / "store" / "genera" / "adapter_config.json"  # as an adapter from before the record
+    config = json.loads(config_file.read_text())
+    del config["training"]["inat_category"]
+    config_file.write_text(json.dumps(config))
+    assert main(evaluate + ["--inat-category", "genus"]) == 0  # no record: the level asked for
+    assert sorted(json.loads(capsys.readouterr().out)["per_class"]) == ["Fagus", "Quercus"]
 
 
 def test_a_step_that_needs_more_memory_than_the_machine_has_is_refused_before_anything_is_written(tiny, tmp_path, capsys, monkeypatch):  # noqa: F811

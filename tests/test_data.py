@@ -517,6 +517,20 @@ def test_the_flowers_preset_reads_the_pinned_commit_and_its_hint_fetches_that_co
     assert done.returncode == 1 and "DryRunError" in done.stderr, done.stderr[-500:]
 
 
+def test_the_flowers_preset_asks_datasets_for_the_pinned_commit(monkeypatch):
+    """No hub here: a stand-in for datasets' builder records what attnft asks for, then fails as offline does."""
+    asked = {}
+
+    def builder(path, **kwargs):
+        asked.update(kwargs, path=path)
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(datasets, "load_dataset_builder", builder)
+    with pytest.raises(DataError, match="--revision 7e43fe37"):
+        load_task("flowers102")
+    assert asked["path"] == "Donghyun99/Oxford-Flower-102" and asked["revision"] == get_preset("flowers102").revision
+
+
 def test_a_copy_of_a_preset_whose_split_is_not_the_standard_one_is_refused_by_name(tmp_path):
     pushed = tmp_path / "pushed"  # one test image fewer: a later push, a partial download
     DatasetDict(pixel_splits(dict(FLOWERS_SPLITS, test=6148), ["rose", "tulip"])).save_to_disk(pushed)

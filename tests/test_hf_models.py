@@ -346,7 +346,25 @@ def test_weight_decay_spares_a_transformers_models_position_embeddings_and_token
     optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
     names = {id(p): n for n, p in model.named_parameters()}
     spared = {names[id(p)] for group in optimizer.param_groups if group["weight_decay"] == 0 for p in group["params"]}
-    assert {"vit.embeddings.position_embeddings", "vit.embeddings.cls_token"} <= spared
-    assert "vit.embeddings.patch_embeddings.projection.weight" not in spared
-    assert all(names[id(p)].endswith("bias") or p.ndim <= 1 or names[id(p)] in model.no_weight_decay()
-               for group in optimizer.param_groups if group["weight_decay"] == 0 for p in group["params"])
+    assert spared == model.no_weight_decay() | {n for n, p in model.named_parameters() if p.ndim <= 1}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES) + ["swin", "clip"])
+def test_every_familys_position_tables_and_tokens_are_spared_weight_decay(family, tmp_path):
+    if family == "swin":
+        model_cls, config = transformers.SwinForImageClassification, transformers.SwinConfig(**SWIN)
+    elif family == "clip":
+        model_cls, config = transformers.CLIPForImageClassification, clip_config()
+    else:
+        model_cls, config_cls, extra = FAMILIES[family]
+        config = config_cls(**TINY, **extra)
+    model_cls(config).save_pretrained(tmp_path / family)
+    model = create_model(str(tmp_path / family))
+    spared = model.no_weight_decay()
+    names = {n for n, _ in model.named_parameters()}
+    positional = {n for n in names if any(word in n for word in ("position_embedding", "cls_token", "relative_position",
+                                                                  "mask_token", "distillation_token", "register"))
+                  and not n.endswith("bias")}
+    assert positional and spared <= names and positional - {n for n in names if "mask_token" in n} <= spared, \
+        sorted(positional - spared)
+    assert not any("query" in n or "dense" in n or "fc" in n for n in spared)

@@ -158,3 +158,15 @@ def test_a_fresh_run_over_an_earlier_one_removes_its_checkpoints_only(capsys, tm
     (out / "checkpoints" / ".step_00000002.pt.tmp").write_bytes(b"a crashed write")
     assert main(_tiny_run(out, tmp_path / "store", "--overwrite")) == 0
     assert not (out / "checkpoints").exists()  # an earlier run's checkpoints, and its crashed write, are gone
+
+
+def test_a_checkpoints_folder_linked_elsewhere_is_used_and_kept(capsys, tmp_path):
+    """A link to a roomier disk: checkpoints are written through it, and --overwrite empties it, keeping the link."""
+    out, scratch = tmp_path / "run", tmp_path / "scratch"
+    out.mkdir()
+    scratch.mkdir()
+    (out / "checkpoints").symlink_to(scratch)
+    assert main(_tiny_run(out, tmp_path / "store", "--checkpoint-every", "1")) == 0
+    assert [p.name for p in scratch.iterdir()] == ["step_00000001.pt"]
+    assert main(_tiny_run(out, tmp_path / "store", "--overwrite")) == 0
+    assert (out / "checkpoints").is_symlink() and scratch.is_dir() and not any(scratch.iterdir())

@@ -119,6 +119,10 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     else:
         data_cfg = data_config(model, res, cfg.crop_pct)
     if model.num_classes != task.num_classes:
+        if found is not None:
+            raise ConfigError(f"adapter {cfg.adapter} predicts {model.num_classes} classes, {task.name} has "
+                              f"{task.num_classes}: evaluate it on the data it was trained on "
+                              f"({adapter_config.training.get('dataset', 'its training record names it')})")
         raise ConfigError(f"{model_name} has {model.num_classes} classes, {task.name} has {task.num_classes}: "
                           f"evaluate with the adapter trained on it (--adapter)")
 
@@ -139,13 +143,14 @@ def evaluate_model(cfg: EvalConfig) -> dict:
 
 
 def _inat_category(cfg: EvalConfig, adapter_config) -> str:
-    """The taxonomic level to read an iNaturalist copy at: the adapter's (its head's classes are at that level),
-    which ``--inat-category`` may repeat but not contradict; ``name`` (the species) without an adapter."""
+    """The taxonomic level to read an iNaturalist copy at: the one the adapter's record names (its head's classes
+    are at that level), which ``--inat-category`` may repeat but not contradict; else as asked, ``name`` (the
+    species) by default."""
     from ..core.errors import ConfigError, DataError
     from ..data import check_inat_category, takes_inat_category
 
-    trained = adapter_config.training.get("inat_category", "name") if adapter_config is not None else None
-    if trained is None or not takes_inat_category(cfg.dataset):
+    trained = adapter_config.training.get("inat_category") if adapter_config is not None else None
+    if trained is None or not takes_inat_category(cfg.dataset):  # no record (older adapters): as asked
         return cfg.inat_category or "name"
     try:
         check_inat_category(trained)

@@ -60,14 +60,15 @@ def load_preset(preset: DatasetPreset, data_dir, train_split, eval_split, stream
 
 def _check_split_sizes(preset: DatasetPreset, loaded: Loaded) -> None:
     """A DataError when a split of the preset's standard split has another number of images than it: a copy that
-    is not the benchmark (a later push, a partial download) is never scored as if it were."""
+    is not the benchmark (a later push, a partial download) is never scored as if it were. A streamed split has no
+    length before it is read, and is not checked."""
     for split, data in ((loaded.train_split, loaded.train), (loaded.eval_split, loaded.eval)):
         expected = preset.expected_size(split) if split else None
         if expected is None or not hasattr(data, "__len__") or len(data) == expected:
             continue
         raise DataError(f"split {split!r} of {loaded.source} has {len(data):,} images, {preset.title}'s standard "
-                        f"split has {expected:,}: this is not the benchmark copy (pass it as --dataset with its "
-                        f"location to train on it as it is)")
+                        f"split has {expected:,}: this is not the benchmark copy (pass its location as --dataset to "
+                        f"use it as it is)")
 
 
 def _load_fashion_mnist(preset, data_dir, train_split, eval_split) -> Loaded:

@@ -309,10 +309,13 @@ class TimmInterface:
         return _unpickled, (type(self)._attnft_plain_class,), self.__getstate__()
 
     def no_weight_decay(self) -> set[str]:
-        """What a timm model lists for timm's optimizer factory: the position tables and tokens (the role map's),
-        which weight decay then spares as on a timm ViT (transformers' own Trainer decays them)."""
+        """What a timm model lists for timm's optimizer factory: the position embeddings, relative-position tables
+        and tokens (the role map's), which weight decay then spares as timm's ViT, BEiT and Swin do (transformers'
+        own Trainer decays them)."""
         role_map = build_role_map(self)
-        return {name for role in (Role.POS_EMBED, Role.TOKENS) for name in role_map.names_with_role(role)}
+        parameters = {name for name, _ in self.named_parameters()}
+        spared = {name for role in (Role.POS_EMBED, Role.TOKENS) for name in role_map.names_with_role(role)}
+        return (spared | set(role_map.grid_tensors())) & parameters
 
     def reset_classifier(self, num_classes: int) -> None:
         """A new classifier for ``num_classes`` (0: none), initialised as transformers does, on the old one's device."""

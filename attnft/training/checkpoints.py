@@ -20,7 +20,7 @@ from .config import RUN_ONLY_FIELDS
 from ..core.errors import ConfigError
 from ..core.files import io_error, remove_entry
 from .processes import on_main
-from .run_folder import CHECKPOINT_DIR, CHECKPOINT_FILE
+from .run_folder import CHECKPOINT_DIR, CHECKPOINT_FILE, checkpoint_tmp_name
 
 
 @dataclass
@@ -56,7 +56,7 @@ def save_checkpoint(directory: Path, position: Position, model: nn.Module, optim
             "ema": ema.trained_state() if ema is not None else None,
         }
         path = directory / f"step_{position.step:08d}.pt"
-        tmp = directory / f".{path.name}.tmp"
+        tmp = directory / checkpoint_tmp_name(path.name)
         try:
             directory.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:

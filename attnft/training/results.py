@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 from .config import FinetuneConfig
 from ..core.errors import StoreError
+from ..data import takes_inat_category
 from .evaluate import EvalResult
 from .run_folder import METRICS_FILE, RESULT_FILE, RUN_CONFIG_FILE
 
@@ -97,7 +98,7 @@ def training_record(cfg: FinetuneConfig, task, final: EvalResult) -> dict:
         record["distillation"] = {"type": cfg.distillation, "alpha": cfg.distillation_alpha,
                                   "tau": cfg.distillation_tau, "teacher": cfg.teacher,
                                   "teacher_checkpoint": cfg.teacher_checkpoint, "teacher_adapter": cfg.teacher_adapter}
-    if cfg.inat_category != "name":  # eval reads it back: the head's classes are at this level
+    if takes_inat_category(cfg.dataset):  # eval reads it back: the head's classes are at this level
         record["inat_category"] = cfg.inat_category
     if cfg.layer_decay is not None:
         record["layer_decay"] = cfg.layer_decay

@@ -23,7 +23,7 @@ from .processes import on_main
 
 # what a run writes in its output dir
 CHECKPOINT_DIR = "checkpoints"
-CHECKPOINT_FILE = re.compile(r"step_(\d+)\.pt")  # in CHECKPOINT_DIR; written as ``.<name>.tmp``, then renamed
+CHECKPOINT_FILE = re.compile(r"step_(\d+)\.pt")  # in CHECKPOINT_DIR; written as checkpoint_tmp_name(), then renamed
 METRICS_FILE = "metrics.jsonl"
 RUN_CONFIG_FILE = "config.yaml"
 RESULT_FILE = "result.json"
@@ -47,22 +47,30 @@ def check_output_dir_usable(output_dir: Path) -> None:
     _check_checkpoint_dir(output_dir / CHECKPOINT_DIR)
 
 
+def checkpoint_tmp_name(name: str) -> str:
+    """The name a checkpoint ``name`` is written under before its rename (an interrupted save leaves it)."""
+    return f".{name}.tmp"
+
+
 def _is_checkpoint_name(name: str) -> bool:
-    return bool(CHECKPOINT_FILE.fullmatch(name) or (name.startswith(".") and name.endswith(".tmp")
-                                                    and CHECKPOINT_FILE.fullmatch(name[1:-len(".tmp")])))
+    """``step_N.pt``, or the temporary name it is written under."""
+    final = name[1:-len(".tmp")] if name.startswith(".") and name.endswith(".tmp") else name
+    return bool(CHECKPOINT_FILE.fullmatch(final)) and name in (final, checkpoint_tmp_name(final))
 
 
 def _check_checkpoint_dir(directory: Path) -> None:
-    """ConfigError unless ``directory`` is absent or a folder of regular files named as attnft names checkpoints:
-    a fresh run removes them and a resumed one reads them, so nothing else may be there (a FIFO would hang the
-    read, a user's file would be deleted)."""
-    try:
-        mode = os.lstat(directory).st_mode
-    except FileNotFoundError:
+    """ConfigError unless ``directory`` is absent or a folder (or a link to one) of regular files named as attnft
+    names checkpoints: a fresh run removes them and a resumed one reads them, so nothing else may be there (a FIFO
+    would hang the read, a user's file would be deleted)."""
+    if not os.path.lexists(directory):
         return
-    if not stat.S_ISDIR(mode):
+    if not directory.is_dir():
         raise ConfigError(f"{directory} is not a folder of checkpoints: move it away or pass another --output-dir")
-    for entry in os.scandir(directory):
+    try:
+        entries = list(os.scandir(directory))
+    except OSError as e:
+        raise io_error(e, f"reading the checkpoints in {directory}") from None
+    for entry in entries:
         if not (_is_checkpoint_name(entry.name) and entry.is_file(follow_symlinks=False)):
             kind = "a regular file" if entry.is_file(follow_symlinks=False) else "not a regular file"
             raise ConfigError(f"{directory} holds {entry.name} ({kind}), which is no checkpoint attnft wrote: "
@@ -71,7 +79,9 @@ def _check_checkpoint_dir(directory: Path) -> None:
 
 def check_output_dir_free(output_dir: Path, overwrite: bool, resume: bool) -> None:
     """ConfigError if ``output_dir`` holds another run that neither --resume nor --overwrite takes on."""
-    used = [p for p in (output_dir / METRICS_FILE, output_dir / CHECKPOINT_DIR, output_dir / RESULT_FILE) if p.exists()]
+    checkpoints = output_dir / CHECKPOINT_DIR  # an empty one (a link to a roomier disk, say) holds no run
+    used = [p for p in (output_dir / METRICS_FILE, checkpoints, output_dir / RESULT_FILE)
+            if p.exists() and not (p == checkpoints and p.is_dir() and not any(p.iterdir()))]
     if used and not overwrite and not resume:
         raise ConfigError(f"{output_dir} holds another run ({used[0].name}): pass --resume to continue it, "
                           f"--overwrite to replace it, or --output-dir")
@@ -87,11 +97,12 @@ def start_output_dir(output_dir: Path, config: dict, resumed_step: Optional[int]
         output_dir.mkdir(parents=True, exist_ok=True)
         if resumed_step is None:  # an earlier run's checkpoints, and nothing else (checked before the run)
             checkpoints = output_dir / CHECKPOINT_DIR
-            if checkpoints.is_dir():
+            if checkpoints.is_dir():  # a link to a folder stays a link, emptied
                 for entry in checkpoints.iterdir():
                     if _is_checkpoint_name(entry.name) and entry.is_file() and not entry.is_symlink():
                         entry.unlink()
-                checkpoints.rmdir()
+                if not checkpoints.is_symlink():
+                    checkpoints.rmdir()
             for stale in (METRICS_FILE, RESULT_FILE):
                 (output_dir / stale).unlink(missing_ok=True)
         else:
