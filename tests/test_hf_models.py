@@ -184,15 +184,19 @@ FAMILIES = {
 SWIN = dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=2, num_labels=3)
 
 
+def family_model(family: str):
+    """(the transformers class, a tiny config) of ``family``: one of FAMILIES, swin or clip."""
+    if family == "swin":  # its own config fields: TINY's would map onto its per-stage lists
+        return transformers.SwinForImageClassification, transformers.SwinConfig(**SWIN)
+    if family == "clip":
+        return transformers.CLIPForImageClassification, clip_config()
+    model_cls, config_cls, extra = FAMILIES[family]
+    return model_cls, config_cls(**TINY, **extra)
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES) + ["swin", "clip"])
 def test_multi_task_features_and_head_recompose_each_familys_logits(family, tmp_path):
-    if family == "swin":  # its own config fields: TINY's would map onto its per-stage lists
-        model_cls, config = transformers.SwinForImageClassification, transformers.SwinConfig(**SWIN)
-    elif family == "clip":
-        model_cls, config = transformers.CLIPForImageClassification, clip_config()
-    else:
-        model_cls, config_cls, extra = FAMILIES[family]
-        config = config_cls(**TINY, **extra)
+    model_cls, config = family_model(family)
     torch.manual_seed(0)
     model_cls(config).eval().save_pretrained(tmp_path / family)
     model = create_model(str(tmp_path / family)).eval()
@@ -351,13 +355,7 @@ def test_weight_decay_spares_a_transformers_models_position_embeddings_and_token
 
 @pytest.mark.parametrize("family", sorted(FAMILIES) + ["swin", "clip"])
 def test_every_familys_position_tables_and_tokens_are_spared_weight_decay(family, tmp_path):
-    if family == "swin":
-        model_cls, config = transformers.SwinForImageClassification, transformers.SwinConfig(**SWIN)
-    elif family == "clip":
-        model_cls, config = transformers.CLIPForImageClassification, clip_config()
-    else:
-        model_cls, config_cls, extra = FAMILIES[family]
-        config = config_cls(**TINY, **extra)
+    model_cls, config = family_model(family)
     model_cls(config).save_pretrained(tmp_path / family)
     model = create_model(str(tmp_path / family))
     spared = model.no_weight_decay()
