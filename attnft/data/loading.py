@@ -19,7 +19,7 @@ from datasets.utils.stratify import stratified_shuffle_split_generate_indices
 
 from ..core.errors import DataError
 from .images import ArrayRows, ImageClassificationDataset, ImageClassificationIterable
-from .presets import INAT_JSON, PRESETS, takes_inat_category
+from .presets import PRESETS, takes_inat_category
 from .sources import Loaded, is_hub_id, load_hub, load_local, load_preset, looks_like_path
 
 DEFAULT_DATASET = "fashion-mnist"
@@ -135,7 +135,7 @@ def load_task(
         dataset = os.path.expanduser(dataset)
     preset = PRESETS.get(dataset) if dataset is not None else None
     if inat_category != "name" and not takes_inat_category(dataset):
-        json_presets = ", ".join(name for name, p in PRESETS.items() if p.layout == INAT_JSON)
+        json_presets = ", ".join(name for name in PRESETS if takes_inat_category(name))
         raise DataError(f"--inat-category is for the iNaturalist presets with a taxonomy ({json_presets}), "
                         f"not {dataset or 'the default dataset'}")
 
