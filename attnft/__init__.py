@@ -4,7 +4,7 @@ Importing attnft registers its bundled models (``vit_fmnist_patch16_224``, the d
 ``vit_fmnist_patch32_224`` and ``vit_fmnist_patch4_28``) in timm's registry,
 without importing timm: see :mod:`attnft.registration`.
 """
-__version__ = "0.1.0"
+from .core.version import __version__
 
 from .registration import register_bundled_models
 

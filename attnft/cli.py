@@ -18,6 +18,7 @@ from .core.errors import AttnftError, ReportedElsewhere
 COMMANDS = {
     "policies": "policies",
     "finetune": "finetune",
+    "compare": "compare",
     "eval": "evaluate",
     "adapters": "adapters",
     "serve": "serve",
@@ -33,7 +34,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="attnft", description="Attention-only fine-tuning of Vision Transformers.")
-    from . import __version__
+    from .core.version import __version__
 
     parser.add_argument("--version", action="version", version=f"attnft {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)

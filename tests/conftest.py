@@ -23,3 +23,19 @@ import torch  # noqa: E402
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """The URL of a real PostgreSQL server (tests/postgres.py); skipped where the package is missing, except in CI,
+    whose set-up installs it (.ci/run): there its absence fails the test."""
+    from postgres import PostgresServer
+
+    server = PostgresServer()
+    if not server.available:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL is not installed: .ci/run installs Debian's postgresql package")
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    url = server.start()
+    yield url
+    server.stop()

@@ -18,7 +18,7 @@ def lint_imports() -> str:
     beside = Path(sys.executable).with_name("lint-imports")
     found = str(beside) if beside.exists() else shutil.which("lint-imports")
     if found is None:
-        pytest.skip("import-linter is not installed (pip install -e '.[test]')")
+        pytest.fail("import-linter is a test dependency and is not installed: pip install -e '.[test]'")
     return found
 
 

@@ -6,6 +6,7 @@ path is a regular file or absent, never a FIFO, device or symlink. Each case che
 files intact afterwards.
 """
 import os
+import shutil
 import socket
 import stat
 from pathlib import Path
@@ -170,3 +171,138 @@ def test_a_checkpoints_folder_linked_elsewhere_is_used_and_kept(capsys, tmp_path
     assert [p.name for p in scratch.iterdir()] == ["step_00000001.pt"]
     assert main(_tiny_run(out, tmp_path / "store", "--overwrite")) == 0
     assert (out / "checkpoints").is_symlink() and scratch.is_dir() and not any(scratch.iterdir())
+
+
+# --- round three: nothing attnft did not write is deleted or replaced (each victim hashed before and after) ---
+
+
+def _hashes(root: Path) -> dict:
+    """sha256 of every file under ``root`` (and the folders there), by relative path."""
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+def _a_second_store(root: Path, trained) -> None:
+    model, report, snapshot, _ = trained
+    inner = AdapterStore(root)
+    inner.save("dogs", model, report, snapshot)
+    inner.save("cats", model, report, snapshot, mode="delta")
+
+
+@pytest.mark.parametrize("victim", ["documents", "a second store", "a readme alone", "a plain peft adapter",
+                                    "an adapter plus a user's file", "an adapter's files without its marker"])
+def test_delete_refuses_every_folder_that_is_no_adapter_attnft_wrote_and_removes_nothing(capsys, store, trained, victim):
+    folder = store.root / "victim"
+    if victim == "documents":
+        (folder / "sub").mkdir(parents=True)
+        (folder / "t.txt").write_text("thesis")
+        (folder / "sub" / "notes.txt").write_text("more")
+    elif victim == "a second store":
+        _a_second_store(folder, trained)
+    elif victim == "a readme alone":
+        folder.mkdir()
+        (folder / "README.md").write_text("# my notes")
+    elif victim == "a plain peft adapter":  # peft's own files, as a hub download holds them: no attnft sidecar
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8}')
+        (folder / "adapter_model.safetensors").write_bytes(b"weights")
+        (folder / "README.md").write_text("a peft adapter")
+    elif victim == "an adapter plus a user's file":
+        shutil.copytree(store.path("cars"), folder)
+        (folder / "train.py").write_text("print('mine')")
+    else:
+        shutil.copytree(store.path("cars"), folder)
+        config = folder / "adapter_config.json"
+        config.write_text(config.read_text().replace('"attnft-adapter"', '"someone-else"'))
+    before = _hashes(store.root)
+    result = attnft(capsys, "adapters", "delete", "victim", "--store", str(store.root))
+    assert_one_line_error(result, "victim", "not an adapter attnft wrote", "nothing was deleted")
+    assert _hashes(store.root) == before
+
+
+def test_delete_removes_an_adapter_of_either_format_and_only_its_files(capsys, store, tmp_path):
+    from attnft.core.files import ADAPTER_FOLDER
+
+    assert ADAPTER_FOLDER.holds(store.path("cars"), empty_ok=False)
+    assert attnft(capsys, "adapters", "delete", "cars", "--store", str(store.root))[0] == 0
+    assert store.names() == ["flowers"] and not [p for p in store.root.iterdir() if p.name.startswith(".")]
+
+
+def _user_folder(path: Path, files: dict) -> dict:
+    path.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (path / name).write_text(text)
+    return _hashes(path)
+
+
+@pytest.mark.parametrize("flag", [None, "--overwrite", "--resume"])
+def test_a_run_never_replaces_a_users_config_yaml(capsys, tmp_path, flag):
+    out = tmp_path / "p"
+    before = _user_folder(out, {"config.yaml": "lr: 0.1  # my own experiment\n"})
+    assert main(_tiny_run(out, tmp_path / "store", *([flag] if flag else []))) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "config.yaml, which no attnft run wrote" in lines[0], lines
+    assert _hashes(out) == before and not (tmp_path / "store").exists()
+
+
+def test_overwrite_never_replaces_a_users_metrics_and_result(capsys, tmp_path):
+    out = tmp_path / "p"
+    before = _user_folder(out, {"metrics.jsonl": '{"step": 1}\n', "result.json": "{}", "train.py": "print(1)"})
+    assert main(_tiny_run(out, tmp_path / "store", "--overwrite")) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "metrics.jsonl, result.json, which no attnft run wrote" in lines[0], lines
+    assert _hashes(out) == before
+
+
+def test_overwrite_replaces_a_run_attnft_wrote_and_keeps_the_users_other_files(capsys, tmp_path):
+    out = tmp_path / "p"
+    assert main(_tiny_run(out, tmp_path / "store")) == 0
+    (out / "train.py").write_text("print('mine')")
+    assert main(_tiny_run(out, tmp_path / "store", "--name", "second")) == 2  # another run: --overwrite takes it on
+    assert "holds another run" in capsys.readouterr().err
+    assert main(_tiny_run(out, tmp_path / "store", "--overwrite", "--name", "second")) == 0
+    assert (out / "train.py").read_text() == "print('mine')"
+
+
+@pytest.mark.parametrize("flag", [None, "--overwrite"])
+def test_a_run_never_writes_into_an_adapter_folder_or_the_store(capsys, store, flag):
+    extra = [flag] if flag else []
+    for out in (store.path("cars"), store.path("cars") / "run", store.root, store.root / "run"):
+        before = _hashes(store.root)
+        assert main(_tiny_run(out, store.root, "--name", "t3", *extra)) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "--output-dir" in lines[0] and ("adapter attnft wrote" in lines[0] or "the adapter store" in lines[0]), lines
+        assert _hashes(store.root) == before
+
+
+@pytest.mark.parametrize("where", ["the adapter's config", "a new file in the adapter", "the store"])
+def test_eval_output_never_lands_in_an_adapter_folder_or_the_store(capsys, store, where):
+    output = {"the adapter's config": store.path("cars") / "adapter_config.json",
+              "a new file in the adapter": store.path("cars") / "eval.json",
+              "the store": store.root / "eval.json"}[where]
+    before = _hashes(store.root)
+    result = attnft(capsys, "eval", "--adapter", "cars", "--store", str(store.root), "--output", str(output), "--overwrite")
+    assert_one_line_error(result, "--output", str(output))
+    assert _hashes(store.root) == before
+    store.verify("cars")
+
+
+def test_export_overwrite_never_replaces_a_hub_download_of_the_same_file_names(capsys, store, tmp_path):
+    model_folder = tmp_path / "m"  # what a timm hub download holds
+    before = _user_folder(model_folder, {"config.json": '{"architecture": "vit_small_patch16_224"}',
+                                         "model.safetensors": "weights", "README.md": "# a model"})
+    assert_one_line_error(export(capsys, store, model_folder, "--overwrite"), "not an export attnft wrote")
+    assert _hashes(model_folder) == before
+
+
+def test_export_never_writes_inside_an_adapter_or_an_export(capsys, store, tmp_path):
+    assert export(capsys, store, tmp_path / "export")[0] == 0
+    adapter_elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(store.path("cars"), adapter_elsewhere)  # an adapter outside any store
+    for out, words in ((store.path("cars") / "export", "the adapter store"), (adapter_elsewhere / "export", "an adapter attnft wrote"),
+                       (tmp_path / "export" / "nested", "an export attnft wrote")):
+        before = _hashes(tmp_path)
+        assert_one_line_error(export(capsys, store, out), words)
+        assert _hashes(tmp_path) == before

@@ -1,5 +1,6 @@
 """The store: named adapters that stay whole whatever happens to the process writing them."""
 import fnmatch
+import json
 import multiprocessing
 import random
 import shutil
@@ -12,7 +13,7 @@ import torch
 from attnft.adapters.record import AdapterRecord
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, BaseSnapshot
 from attnft.core.errors import AdapterError, OfflineError, StoreError
-from attnft.core.files import FolderKind, write_directory_atomically
+from attnft.core.files import FolderKind, Marker, write_directory_atomically
 from attnft.tuning.policy import apply_policy
 from attnft.adapters.store import AdapterStore, check_name
 from tiny_models import tiny_input, tiny_model
@@ -140,8 +141,8 @@ def test_import_copies_a_verified_folder_and_refuses_a_broken_one(store, tmp_pat
 
 def test_a_failed_write_leaves_nothing_and_keeps_the_old_folder(tmp_path):
     target = tmp_path / "a"
-    kind = FolderKind("a test folder", required=("f",), files=("f",))
-    write_directory_atomically(target, lambda folder: (folder / "f").write_text("old"), kind=kind)
+    kind = FolderKind("a test folder", required=("f",), files=("f",), markers=(Marker("f", "test"),))
+    write_directory_atomically(target, lambda folder: (folder / "f").write_text('{"format": "test", "v": "old"}'), kind=kind)
 
     def failing(folder):
         (folder / "f").write_text("half")
@@ -149,7 +150,7 @@ def test_a_failed_write_leaves_nothing_and_keeps_the_old_folder(tmp_path):
 
     with pytest.raises(RuntimeError):
         write_directory_atomically(target, failing, kind=kind, overwrite=True)
-    assert (target / "f").read_text() == "old"
+    assert json.loads((target / "f").read_text())["v"] == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["a"]
 
 

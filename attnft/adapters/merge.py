@@ -5,12 +5,15 @@ loading: :func:`attnft.adapters.load_adapter` writes them into the base. The exp
 folder the base's library reads (:meth:`attnft.models.library.ModelLibrary.plan_export`): timm's
 own hub layout (``model.safetensors``, ``config.json``; :mod:`attnft.models.timm_library`) or what
 transformers' ``save_pretrained`` writes plus the image processor (:mod:`attnft.models.hf_library`),
-and a ``README.md``, a model card with the lines that load it (:func:`attnft.adapters.cards.export_card`).
+a ``README.md``, a model card with the lines that load it (:func:`attnft.adapters.cards.export_card`), and
+``attnft.json``, the marker that tells attnft's exports from folders of the same file names.
 
 A model its library alone could not rebuild (for timm: an argument JSON cannot hold, a name only
 another package registers) is refused before anything is written.
 """
 from __future__ import annotations
+
+import json
 
 from pathlib import Path
 from typing import Optional, Union
@@ -21,7 +24,8 @@ from .cards import export_card
 from .config import Adapter, AdapterConfig
 from .load import load_adapter
 from .read import read_adapter
-from ..core.files import CARD_FILE as EXPORT_CARD, EXPORT_FOLDER, PathLike, check_replaceable_folder, write_directory_atomically
+from ..core.version import __version__
+from ..core.files import CARD_FILE as EXPORT_CARD, EXPORT_FOLDER, EXPORT_FORMAT, SIDECAR_FILE, PathLike, check_replaceable_folder, write_directory_atomically
 from ..models import create_model, library_of
 from ..models.library import PlainExport
 from ..models.timm_library import DATA_KEYS, ExportResult  # noqa: F401  (re-exported: timm's export)
@@ -68,6 +72,9 @@ def export_merged(
     def write(folder: Path) -> None:
         export.write(folder)
         (folder / EXPORT_CARD).write_text(export_card(export, title or out_dir.name))
+        # the marker that makes it attnft's: --overwrite replaces it, never a hub download of the same file names
+        marker = {"format": EXPORT_FORMAT, "format_version": 1, "attnft_version": __version__}
+        (folder / SIDECAR_FILE).write_text(json.dumps(marker, indent=2) + "\n")
 
     write_directory_atomically(out_dir, write, kind=EXPORT_FOLDER, overwrite=overwrite, what=f"export {out_dir.name}")
     return export

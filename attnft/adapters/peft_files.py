@@ -16,7 +16,7 @@ from peft import PeftConfig, PeftModel
 from peft import __version__ as PEFT_VERSION
 from torch import nn
 
-from .. import __version__
+from ..core.version import __version__
 from .cards import peft_model_card
 from .record import AdapterRecord
 from ..core.errors import AdapterError, BaseMismatchError

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Optional, Union
 
 from ..core.checks import MAX_CLASSES, MAX_INPUT_SIDE, Fields
-from ..core.files import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE
+from ..core.files import CONFIG_FILE, PEFT_SIDECAR_FORMAT, SIDECAR_FILE, WEIGHTS_FILE
 from ..core.errors import AdapterError
 
 PEFT_METHOD_NAMES = ("lora", "ia3")  # attnft.tuning.peft.spec.PEFT_METHODS, which imports torch (a test keeps them equal)
 
-SIDECAR_FORMAT = "attnft-peft-adapter"
+SIDECAR_FORMAT = PEFT_SIDECAR_FORMAT
 SIDECAR_VERSION = 1
 
 

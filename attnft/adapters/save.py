@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .. import __version__
+from ..core.version import __version__
 from .cards import model_card
 from ..core.errors import AdapterError, ConfigError, StoreError
 from ..core.files import ADAPTER_FOLDER, PathLike, sha256_file, write_directory_atomically

@@ -193,12 +193,14 @@ class AdapterStore:
         return path
 
     def delete(self, name: str) -> None:
-        """Remove adapter ``name``; a symlink in the store is removed as a link, what it points to stays."""
+        """Remove adapter ``name``: only a folder that is an adapter attnft wrote (its marker, its files and nothing
+        else), and only its files; anything else is one StoreError line, untouched. A symlink in the store is
+        removed as a link, what it points to stays."""
         path = self.path(name)
         if not path.is_symlink():
             path = self.folder(name)
         self._clean_stale()
-        remove_directory_atomically(path)
+        remove_directory_atomically(path, kind=ADAPTER_FOLDER)
 
     # --- a Hugging Face hub ---
     # ``hub`` is anything with HfApi's create_repo / upload_folder / snapshot_download (default: HfApi()).

@@ -7,7 +7,8 @@ formats of the store are handled: attnft's (freezing policies) and peft's (``lor
 import argparse
 import json
 import textwrap
-from pathlib import Path
+
+from ..core.files import check_outside_store
 
 
 def add_parser(subparsers) -> None:
@@ -189,7 +190,7 @@ def run_export(args: argparse.Namespace) -> int:
     from ..core.errors import AdapterError
 
     store = _store(args)
-    _check_outside_store(Path(args.out), store.root)
+    check_outside_store(args.out, "--out", store.root)  # (never inside an adapter or export: check_replaceable_folder)
     if store.format_name(args.name) == "peft":
         raise AdapterError(
             f"{args.name} is a peft adapter: export merges attnft adapters; load it with "
@@ -202,16 +203,6 @@ def run_export(args: argparse.Namespace) -> int:
     print(f"exported {args.name} to {result.folder}; load it with {result.library} alone:\n")
     print(textwrap.indent(result.load_source(), "    "))
     return 0
-
-
-def _check_outside_store(out: Path, root: Path) -> None:
-    """An export never goes into the store, nor replaces it or a folder holding it: it is no adapter."""
-    from ..core.errors import StoreError
-
-    out, root = out.resolve(), root.resolve()
-    where = "is the store" if out == root else "is inside the store" if root in out.parents else "holds the store" if out in root.parents else None
-    if where:
-        raise StoreError(f"--out {out} {where} {root}: export to a folder outside the store")
 
 
 def run_push(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 from ..training.config import DEFAULT_MODEL, EvalConfig, add_config_arguments, config_from_args
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(EvalConfig, args)
     if config.output:
-        check_output_file(config.output, config.overwrite)  # before minutes of evaluation
+        check_output_file(config.output, config.overwrite, config.store)  # before minutes of evaluation
     report = evaluate_model(config)
     if not PartialState().is_main_process:  # under torchrun / accelerate launch every process has the numbers
         return 0
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if config.output:
         from ..core.files import write_text_atomically
 
-        check_output_file(config.output, config.overwrite)  # still free: another command may have written it
+        check_output_file(config.output, config.overwrite, config.store)  # still free: another command may have written it
         write_text_atomically(Path(config.output), text, "the evaluation JSON")
         print(f"top-1 {_percent(report['top1'])}  top-5 {_percent(report['top5'])}  -> {config.output}", file=sys.stderr)
     else:
@@ -48,13 +49,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_output_file(output: str, overwrite: bool) -> None:
+def check_output_file(output: str, overwrite: bool, store: Optional[str] = None) -> None:
     """ConfigError unless ``output`` can take the JSON: not a folder, its folder there, not a file already
-    (without ``overwrite``)."""
+    (without ``overwrite``); StoreError if it lies in the store (``store``, else the default one) or in any
+    adapter or export folder, whose files are the adapter's own."""
+    from ..adapters.store import AdapterStore
     from ..core.errors import ConfigError
-    from ..core.files import check_replaceable_file
+    from ..core.files import check_outside_attnft_folders, check_outside_store, check_replaceable_file
 
     path = Path(output)
+    check_outside_attnft_folders(path, "--output")
+    check_outside_store(path, "--output", AdapterStore(store).root)
     if path.is_dir():
         raise ConfigError(f"--output {output} is a directory: name a file, e.g. {path / 'eval.json'}")
     check_replaceable_file(path, "the evaluation JSON")  # a device, FIFO or symlink is never replaced

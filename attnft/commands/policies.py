@@ -30,5 +30,11 @@ def run(args: argparse.Namespace) -> int:
     # the role map needs shapes, not weights: no weights are downloaded for a report (a hub model's config is)
     model = create_model(args.model, pretrained=False)
     report = method.apply(model, capture_base=False).report
-    print(report.to_json() if args.json else report.format_table())
+    if args.json:
+        print(report.to_json())
+        return 0
+    defaults = method.defaults
+    print(report.format_table())
+    print(f"\ndefault lr: {defaults.lr:.1e} at batch {defaults.base_batch}, scaled with the global batch "
+          f"({method.family}'s own: {defaults.source}); --lr sets another")
     return 0

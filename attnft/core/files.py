@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fnmatch
 import hashlib
 import os
 import re
@@ -17,7 +16,6 @@ import secrets
 import shutil
 import stat
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -25,50 +23,10 @@ from .errors import StoreError
 
 PathLike = Union[str, os.PathLike]
 
-# the files of an adapter folder, peft's names, in both formats (attnft's and peft's)
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
-CARD_FILE = "README.md"
-SIDECAR_FILE = "attnft.json"  # a peft adapter folder's: what attnft knows about it
-# the files of an export folder: timm's hub layout, or what transformers' save_pretrained writes
-EXPORT_WEIGHTS = "model.safetensors"
-EXPORT_CONFIG = "config.json"
-PROCESSOR_FILE = "preprocessor_config.json"
-
-
-@dataclass(frozen=True)
-class FolderKind:
-    """A kind of folder attnft writes, recognised by its files: ``--overwrite`` replaces only one of these.
-
-    A folder is of this kind when every entry in it is a regular file whose name matches one of
-    ``files`` (fnmatch patterns) and each of ``required`` matches at least one of them; an empty
-    folder holds nothing to lose and may be replaced too.
-    """
-
-    noun: str  # "an adapter", for messages
-    required: tuple[str, ...]
-    files: tuple[str, ...]
-
-    def holds(self, path: PathLike) -> bool:
-        """Whether ``path`` is a folder of this kind (or empty); follows a symlink to a folder."""
-        try:
-            entries = list(os.scandir(path))
-        except OSError:
-            return False
-        if not all(e.is_file(follow_symlinks=False) and _matches(e.name, self.files) for e in entries):
-            return False
-        names = [e.name for e in entries]
-        return not names or all(any(fnmatch.fnmatchcase(n, pattern) for n in names) for pattern in self.required)
-
-
-def _matches(name: str, patterns: tuple[str, ...]) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
-
-
-ADAPTER_FOLDER = FolderKind("an adapter", required=(CONFIG_FILE, WEIGHTS_FILE), files=(CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, SIDECAR_FILE))
-EXPORT_FOLDER = FolderKind(
-    "an export", required=(EXPORT_CONFIG, "model*.safetensors*"),
-    files=(EXPORT_CONFIG, "model*.safetensors", "model.safetensors.index.json", PROCESSOR_FILE, CARD_FILE),
+from .folders import (  # noqa: F401  (re-exported: the file names and folder kinds have their home in .folders)
+    ADAPTER_FOLDER, ADAPTER_FORMAT, ATTNFT_FOLDERS, CARD_FILE, CONFIG_FILE, EXPORT_CONFIG, EXPORT_FOLDER, EXPORT_FORMAT,
+    EXPORT_WEIGHTS, PEFT_SIDECAR_FORMAT, PROCESSOR_FILE, SIDECAR_FILE, WEIGHTS_FILE, FolderKind, Marker,
+    check_outside_attnft_folders, check_outside_store, enclosing_attnft_folder,
 )
 
 _RENAME_NOREPLACE = 1
@@ -124,19 +82,41 @@ def write_directory_atomically(target: PathLike, write: Callable[[Path], None], 
             remove_entry(tmp)
 
 
-def remove_directory_atomically(target: PathLike, *, what: Optional[str] = None) -> None:
-    """Delete folder ``target`` so that readers see it whole or gone: rename it hidden, then remove it.
+def remove_directory_atomically(target: PathLike, *, kind: FolderKind, what: Optional[str] = None) -> None:
+    """Delete folder ``target``, a folder of ``kind``, so that readers see it whole or gone: rename it hidden,
+    then remove its files (only those ``kind`` writes) and the folder.
 
-    A symlink is removed as a link (what it points to stays). The rename needs no free space,
-    so this works on a full disk; an OSError becomes one StoreError line and ``target`` stays.
+    Anything else is refused with one StoreError line and left as it was: a folder that is not of
+    ``kind`` before the rename, or one that gained other entries before it (renamed back). A symlink is
+    removed as a link (what it points to stays). The rename needs no free space, so this works on a
+    full disk; an OSError becomes one StoreError line and ``target`` stays.
     """
     target = Path(target)
+    what = what or f"adapter {target.name}"
+    doing = f"deleting {what} from {target.parent}"
+    if target.is_symlink():
+        try:
+            target.unlink()
+        except OSError as e:
+            raise io_error(e, doing) from None
+        return
+    if not kind.holds(target, empty_ok=False):
+        raise StoreError(f"{target} is not {kind.noun} attnft wrote (no {kind.noun[3:]} of a known format, or it holds "
+                         "other files or folders): nothing was deleted")
     trash = target.parent / f".del-{target.name}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         _rename_noreplace(target, trash)
     except OSError as e:
-        raise io_error(e, f"deleting {what or f'adapter {target.name}'} from {target.parent}") from None
-    remove_entry(trash)  # a leftover is hidden, never listed, and cleared by the next write
+        raise io_error(e, doing) from None
+    if not kind.holds(trash, empty_ok=False):  # changed between the look and the rename: put it back untouched
+        _rename_noreplace(trash, target)
+        raise StoreError(f"{target} changed while being deleted (it now holds other files): nothing was deleted")
+    for item in kind.own_files(trash):
+        item.unlink(missing_ok=True)
+    try:
+        trash.rmdir()
+    except OSError:
+        pass  # a leftover is hidden, never listed, and cleared by the next write
     try:
         _fsync(target.parent)
     except OSError:
@@ -216,6 +196,9 @@ def _os_error_inside(error: Exception) -> Optional[OSError]:
 def check_replaceable_folder(target: PathLike, overwrite: bool, kind: FolderKind) -> None:
     """StoreError unless folder ``target`` is absent, or (with ``overwrite``) a folder of ``kind`` attnft wrote."""
     target = Path(target)
+    found = enclosing_attnft_folder(target.parent)
+    if found is not None:
+        raise StoreError(f"{target} lies inside {found[0]}, {found[1].noun} attnft wrote: choose a path outside it")
     if target.is_symlink() and not target.exists():
         raise StoreError(f"{target} is a symbolic link to a missing {os.readlink(target)}: remove it, or choose another name")
     if not os.path.lexists(target):
@@ -225,8 +208,8 @@ def check_replaceable_folder(target: PathLike, overwrite: bool, kind: FolderKind
     if not target.is_dir():
         raise StoreError(f"{target} is a file, not {kind.noun} folder: --overwrite replaces only {kind.noun} attnft wrote")
     if not kind.holds(target):
-        raise StoreError(f"{target} is not {kind.noun} attnft wrote (it holds other files or folders): "
-                         f"--overwrite replaces only that; choose another path")
+        raise StoreError(f"{target} is not {kind.noun} attnft wrote (it holds other files or folders, or lacks the "
+                         f"marker attnft writes): --overwrite replaces only that; choose another path")
 
 
 def check_replaceable_file(path: PathLike, what: str) -> None:

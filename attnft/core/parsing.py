@@ -106,8 +106,14 @@ def max_workers() -> int:
     return 4 * (os.cpu_count() or 1)
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, config_cls: type, recipe: bool = True) -> None:
-    """One flag per field of ``config_cls`` (``--field-name``), grouped, plus ``--recipe FILE``.
+def option(default: Any, help: str, *, choices: tuple | None = None, group: str = "", metavar: str | None = None) -> Any:
+    """A config field with the help text (and choices, group, metavar) of its flag (:func:`add_config_arguments`)."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "group": group, "metavar": metavar})
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, config_cls: type, recipe: bool = True,
+                         exclude: frozenset[str] = frozenset()) -> None:
+    """One flag per field of ``config_cls`` (``--field-name``) but those in ``exclude``, grouped, plus ``--recipe FILE``.
 
     Flags default to "not given" so that :func:`config_from_args` can tell an explicit value
     from a default and let it override the recipe.
@@ -117,6 +123,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_cls: type, reci
     hints = typing.get_type_hints(config_cls)
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(config_cls):
+        if f.name in exclude:
+            continue
         name = f.metadata.get("group") or "options"
         if name not in groups:
             groups[name] = parser.add_argument_group(name)

@@ -104,6 +104,7 @@ def load_task(
     max_eval: int | None = None,
     val_fraction: float = DEFAULT_VAL_FRACTION,
     inat_category: str = "name",
+    search_holdout: float | None = None,
 ) -> TaskData:
     """Train and eval splits of ``dataset``.
 
@@ -117,10 +118,14 @@ def load_task(
     stratified by class) when the source has no evaluation split and none is named.
     ``inat_category``: the taxonomic level iNaturalist 2018/2019 is classified at (``name``, the
     species; ``genus``, ``family``, ...; read from the copy's ``categories.json``).
+    ``search_holdout``: a hyperparameter search's split: this share of the training split (seeded,
+    stratified) becomes the eval split, the rest the train split, and the evaluation split is not read.
     Raises :class:`DataError` for anything the user can fix.
     """
     if not 0 < val_fraction < 1:
         raise DataError(f"val_fraction must be between 0 and 1, got {val_fraction}")
+    if search_holdout is not None and not 0 < search_holdout < 1:
+        raise DataError(f"search_holdout must be between 0 and 1, got {search_holdout}")
     for flag, value in (("max_train", max_train), ("max_eval", max_eval)):
         if value is not None and value < 1:
             raise DataError(f"{flag} must be at least 1, got {value}")
@@ -162,10 +167,11 @@ def load_task(
         name = dataset if dataset is not None and not os.path.isdir(dataset) else os.path.basename(
             os.path.normpath(location))
 
-    return _finish(loaded, name, image_key, label_key, max_train, max_eval, val_fraction)
+    return _finish(loaded, name, image_key, label_key, max_train, max_eval, val_fraction, search_holdout)
 
 
-def _finish(loaded: Loaded, name: str, image_key, label_key, max_train, max_eval, val_fraction) -> TaskData:
+def _finish(loaded: Loaded, name: str, image_key, label_key, max_train, max_eval, val_fraction,
+            search_fraction: float | None = None) -> TaskData:
     """The task from a source's rows: columns checked, an eval split held out if it has none, subsets drawn."""
     held_out = None
     if isinstance(loaded.train, ArrayRows):
@@ -179,6 +185,12 @@ def _finish(loaded: Loaded, name: str, image_key, label_key, max_train, max_eval
             held_out = (f"{len(eval_):,} images ({val_fraction:.0%}) held out of {loaded.train_split}, "
                         f"stratified by class, seed {HOLD_OUT_SEED} (--val-fraction); none is in both")
             loaded.eval_split = f"{loaded.train_split} (held out)"
+    if search_fraction is not None:  # a search's trials: scored on part of the training split, never on the eval split
+        train, eval_ = _hold_out(train, label_key, label_names, search_fraction, loaded.source)
+        held_out = (f"{len(eval_):,} images ({search_fraction:.0%}) of {loaded.train_split} held out for the search "
+                    f"(--search-holdout), stratified by class, seed {HOLD_OUT_SEED}; the evaluation split is not read")
+        loaded.eval_split = f"{loaded.train_split} (search hold-out)"
+    if not isinstance(train, ArrayRows):
         if isinstance(train, IterableDataset):
             train = train.shuffle(seed=0, buffer_size=STREAM_SHUFFLE_BUFFER)
             train = train.take(max_train) if max_train else train
@@ -237,9 +249,19 @@ def _hold_out(train, label_key: str, label_names: list[str], fraction: float, so
     (seconds per 10k rows)."""
     if isinstance(train, IterableDataset):
         raise DataError(f"{source} has no evaluation split to stream; pass --eval-split")
+    if isinstance(train, ArrayRows):
+        kept, held = _held_out_indices(np.asarray(train.labels), label_names, fraction, source)
+        return ArrayRows(train.images[kept], train.labels[kept]), ArrayRows(train.images[held], train.labels[held])
     if not isinstance(train.features[label_key], ClassLabel):  # stratifying needs class labels
         train = train.cast_column(label_key, ClassLabel(names=label_names))
     labels = train.with_format("arrow", columns=[label_key])[:][label_key].to_numpy()
+    kept, held = _held_out_indices(labels, label_names, fraction, source)
+    # in memory: nothing is written beside a saved dataset (its folder may be read-only)
+    return train.select(kept, keep_in_memory=True), train.select(held, keep_in_memory=True)
+
+
+def _held_out_indices(labels: np.ndarray, label_names: list[str], fraction: float, source: str):
+    """(kept, held): the row indices of a seeded, stratified hold-out of ``fraction`` of ``labels``."""
     counts = np.bincount(labels, minlength=len(label_names))
     if counts.min() < 2:
         rare = label_names[int(counts.argmin())]
@@ -251,9 +273,7 @@ def _hold_out(train, label_key: str, label_names: list[str], fraction: float, so
         raise DataError(f"holding out {fraction} of {source} gives {n_test} of {len(labels)} images, fewer than "
                         f"its {n_classes} classes on one side; pass another --val-fraction or --eval-split")
     generator = np.random.default_rng(HOLD_OUT_SEED)
-    kept, held = next(stratified_shuffle_split_generate_indices(labels, len(labels) - n_test, n_test, rng=generator))
-    # in memory: nothing is written beside a saved dataset (its folder may be read-only)
-    return train.select(kept, keep_in_memory=True), train.select(held, keep_in_memory=True)
+    return next(stratified_shuffle_split_generate_indices(labels, len(labels) - n_test, n_test, rng=generator))
 
 
 def _prepare_columns(train, eval_, image_key, label_key, source):

@@ -6,10 +6,13 @@ config does not follow a ``--res`` change by itself, the caller sets ``input_siz
 attnft adds ``background``: the colour (0-255 RGB) a transparent pixel becomes, before
 anything else (:func:`attnft.models.data_config` gives the base's; white where a config has none).
 """
+import logging
+import math
 import re
 from collections.abc import Callable, Iterator
 
 import torch
+from PIL import Image
 from timm.data import Mixup as TimmMixup
 from timm.data import auto_augment, create_transform
 from timm.data.mixup import mixup_target
@@ -18,6 +21,8 @@ from torch.utils.data import Dataset, IterableDataset
 from ..core.augmentation import AugConfig
 from ..core.errors import ConfigError
 from .images import WHITE, ImageClassificationDataset, ImageClassificationIterable, flatten
+
+logger = logging.getLogger(__name__)
 
 
 class Flatten:
@@ -99,12 +104,49 @@ def check_auto_augment(policy: str | None) -> None:
                           "rand-m9-mstd0.5-inc1 (RandAugment), augmix-m5, or v0 / original (AutoAugment)") from None
 
 
-def build_transforms(data_config: dict, *, train: bool, aug: AugConfig | None = None) -> Callable:
+class ResizeLimit:
+    """Refuses an image that timm's eval resize would blow up past ``max_pixels`` (PIL's ``MAX_IMAGE_PIXELS``).
+
+    The eval transform resizes the shorter side to ``input_size / crop_pct`` and the longer in proportion: a
+    20000x1 PNG of 102 bytes would become 4,480,000x224 pixels (3.6 GB of floats). Raises
+    ``Image.DecompressionBombError`` (a data split skips the image with a warning, the server answers 413)."""
+
+    def __init__(self, data_config: dict, max_pixels: int | None = None):
+        size = data_config["input_size"][-2:]
+        crop_pct = data_config.get("crop_pct") or 1.0
+        self.scale = [math.floor(side / crop_pct) for side in size]
+        self.keeps_ratio = data_config.get("crop_mode", "center") not in ("squash", "border")
+        self.max_pixels = max_pixels if max_pixels is not None else Image.MAX_IMAGE_PIXELS
+
+    def resized(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) after the eval transform's resize."""
+        if not self.keeps_ratio:
+            return self.scale[1], self.scale[0]
+        short = max(self.scale)
+        factor = short / max(min(width, height), 1)
+        return max(short, math.ceil(width * factor)), max(short, math.ceil(height * factor))
+
+    def __call__(self, image):
+        width, height = self.resized(*image.size)
+        if width * height > self.max_pixels:
+            raise Image.DecompressionBombError(
+                f"image of {image.width}x{image.height} pixels would be resized to {width}x{height} "
+                f"({width * height:,} pixels), over the limit of {self.max_pixels:,} pixels")
+        return image
+
+    def __repr__(self) -> str:
+        return f"ResizeLimit(max_pixels={self.max_pixels})"
+
+
+def build_transforms(data_config: dict, *, train: bool, aug: AugConfig | None = None,
+                     max_pixels: int | None = None) -> Callable:
     """PIL RGB or RGBA image -> float tensor [3, H, W] normalised, with (H, W) = ``data_config["input_size"][1:]``:
-    transparency flattened onto ``data_config["background"]``, then timm's transform."""
+    transparency flattened onto ``data_config["background"]``, then timm's transform (for eval, after
+    :class:`ResizeLimit`: training crops before it resizes, so its output is bounded already)."""
     from torchvision.transforms import Compose
 
-    return Compose([Flatten(data_config.get("background") or WHITE), _timm_transform(data_config, train, aug)])
+    steps = [] if train else [ResizeLimit(data_config, max_pixels)]
+    return Compose(steps + [Flatten(data_config.get("background") or WHITE), _timm_transform(data_config, train, aug)])
 
 
 def _timm_transform(data_config: dict, train: bool, aug: AugConfig | None) -> Callable:
@@ -145,7 +187,11 @@ class TransformedDataset(Dataset):
         if sample is None:
             return None
         image, label = sample
-        return self.transform(image), label
+        try:
+            return self.transform(image), label
+        except Image.DecompressionBombError as error:  # an image its resize would blow up: skipped, as unreadable
+            logger.warning("skipping sample %d of %s: %s", index, self.split.source, error)
+            return None
 
 
 class TransformedIterable(IterableDataset):
@@ -160,7 +206,10 @@ class TransformedIterable(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
         for image, label in self.split:
-            yield self.transform(image), label
+            try:
+                yield self.transform(image), label
+            except Image.DecompressionBombError as error:
+                logger.warning("skipping an image of %s: %s", self.split.source, error)
 
 
 def with_transform(split, transform: Callable) -> TransformedDataset | TransformedIterable:

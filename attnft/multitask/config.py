@@ -8,19 +8,18 @@ by :func:`attnft.core.parsing.parse_bytes` once, here: :attr:`ServeConfig.memory
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..core.errors import ConfigError
-from ..core.parsing import coerce_fields, parse_bytes
+from ..core.parsing import coerce_fields, option, parse_bytes
 
 PRECISIONS = ("no", "bf16", "fp16")
 MAX_WAIT_MS = 10_000.0  # beyond this a lone request waits longer than any client would
 SERVER, ENGINE, LIMITS = "server", "engine", "limits"
 
 
-def _opt(default: Any, help: str, *, group: str, choices: Optional[tuple] = None, metavar: Optional[str] = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices, "group": group, "metavar": metavar})
+_opt = option  # a field with its flag's help (core.parsing)
 
 
 @dataclass

@@ -46,12 +46,15 @@ class Preprocessor:
         key = json.dumps(data_config, sort_keys=True)
         with self._lock:
             if key not in self._transforms:
-                self._transforms[key] = build_transforms(dict(data_config), train=False)
+                self._transforms[key] = build_transforms(dict(data_config), train=False, max_pixels=self.max_pixels)
             return self._transforms[key]
 
     def __call__(self, data: bytes, data_config: dict, which: str = "the image") -> torch.Tensor:
         image = open_image(data, self.max_pixels, which)
-        return self.transform(data_config)(image)
+        try:
+            return self.transform(data_config)(image)
+        except Image.DecompressionBombError as e:  # small on the wire and in its header, huge once resized
+            raise RequestError(413, "decompression_bomb", f"{which} is refused: {first_line(e)}") from None
 
 
 def open_image(data: bytes, max_pixels: Optional[int], which: str = "the image") -> Image.Image:

@@ -12,16 +12,19 @@ value), and :meth:`FinetuneConfig.aug_config` builds an AugConfig from them.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..core.augmentation import AUG_CHOICES, AUG_FIELDS, AugConfig, auto_aug_level, resolve_aug
 from ..core.checks import INTERPOLATIONS, MIN_CROP_PCT  # noqa: F401  (one home: adapters' configs are checked alike)
 from ..core.parsing import (  # noqa: F401  re-exported: the config's parsing, one import away
     TASK_DEFAULT, add_config_arguments, check_split_spec, coerce_fields, config_from_args, from_dict, load_recipe, max_workers,
-    parse_background, parse_bool,
+    option, parse_background, parse_bool,
 )
 from .config_checks import OPTIMIZERS, PRECISIONS, check_eval_settings, check_finetune_settings
+
+if TYPE_CHECKING:
+    from ..tuning.defaults import TrainingDefaults
 
 # registered in timm by `import attnft.bundled`; a string here so the CLI need not import timm
 DEFAULT_MODEL = "vit_fmnist_patch16_224"
@@ -35,10 +38,7 @@ DEMO_HIGH_RES_MAX_TRAIN = (224, 3000)  # (above this many pixels, this many trai
 DEFAULT_DATASET_MAX_EVAL = DEFAULT_TASK_SETTINGS["max_eval"]  # attnft eval scores the same subset
 
 
-def _opt(default: Any, help: str, *, choices: tuple | None = None, group: str = "",
-         metavar: str | None = None) -> Any:
-    """A config field with the help text (and choices, group, metavar) of its flag."""
-    return field(default=default, metadata={"help": help, "choices": choices, "group": group, "metavar": metavar})
+_opt = option  # a field with its flag's help (core.parsing)
 
 
 def _as_flags(settings: dict) -> str:
@@ -137,6 +137,9 @@ class FinetuneConfig:
     val_fraction: float = _opt(0.1, "share of the training images held out for evaluation (seeded, stratified) "
                                "when the data has no evaluation split, e.g. a folder of class folders",
                                group=DATA)
+    search_holdout: Optional[float] = _opt(None, "score on this share of the training split (seeded, stratified) instead "
+                                           "of the evaluation split, which is then not read: a search's trials "
+                                           "(attnft compare)", group=DATA)
     inat_category: str = _opt("name", "iNaturalist 2018/2019: the level the classes are at: name (the species), "
                               "genus, family, order, class, phylum, kingdom (from the copy's categories.json)",
                               metavar="LEVEL", group=DATA)
@@ -174,7 +177,9 @@ class FinetuneConfig:
                            group=OPTIM)
     grad_accum: int = _opt(1, "micro-batches accumulated per optimizer step", group=OPTIM)
     optimizer: str = _opt("adamw", "adamw, or sgd (Nesterov momentum)", choices=OPTIMIZERS, group=OPTIM)
-    lr: float = _opt(5e-4, "peak learning rate, reached after the warmup", group=OPTIM)
+    lr: Optional[float] = _opt(None, "peak learning rate, reached after the warmup (default: the policy's own, e.g. "
+                               "attn 5e-4, head 1e-2, lora 2e-3, at batch 64, scaled by global batch / 64; "
+                               "attnft policies lists them)", group=OPTIM)
     min_lr: float = _opt(1e-6, "learning rate at the end of the cosine", group=OPTIM)
     warmup_epochs: float = _opt(0.0, "linear warmup length in epochs (fractions allowed)", group=OPTIM)
     weight_decay: float = _opt(0.05, "weight decay (never on biases, norms, position embeddings, tokens)",
@@ -262,6 +267,13 @@ class FinetuneConfig:
         if self.crop_pct is None:
             values["crop_pct"] = aug.eval_crop_pct
         return dataclasses.replace(resolved, **values), why
+
+    def with_lr_resolved(self, defaults: "TrainingDefaults", method: str, global_batch: int) -> tuple["FinetuneConfig", str]:
+        """This config with ``lr`` set (``--lr`` or a recipe's wins; else the method's default at ``global_batch``),
+        and the run's line that says which and why: ``lr 2.0e-03: lora's default at batch 64``."""
+        if self.lr is not None:
+            return self, f"lr {self.lr:.1e}: as set (--lr or the recipe)"
+        return dataclasses.replace(self, lr=defaults.lr_for(global_batch)), defaults.explain(method, global_batch)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat and YAML-safe (tuples as lists): a recipe that reproduces the run."""

@@ -40,13 +40,15 @@ def check_finetune_settings(cfg) -> None:
     _require(cfg.res is None or cfg.res >= 1, "res must be a positive number of pixels")
     _require(cfg.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}")
     _require(cfg.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
-    _require(0 < cfg.lr <= MAX_LR, f"lr must be positive and at most {MAX_LR:g}, got {cfg.lr}")
-    _require(0 <= cfg.min_lr <= cfg.lr, f"min_lr must be between 0 and lr ({cfg.lr}), got {cfg.min_lr}")
+    # lr None: the method's own default, settled once the method and the global batch are known (then checked here again)
+    _require(cfg.lr is None or 0 < cfg.lr <= MAX_LR, f"lr must be positive and at most {MAX_LR:g}, got {cfg.lr}")
+    _require(0 <= cfg.min_lr <= (cfg.lr if cfg.lr is not None else MAX_LR),
+             f"min_lr must be between 0 and lr ({cfg.lr}), got {cfg.min_lr}")
     _require(0 <= cfg.warmup_epochs <= MAX_EPOCHS, f"warmup_epochs must be from 0 to {MAX_EPOCHS:,}, got {cfg.warmup_epochs:g}")
     _require(cfg.weight_decay >= 0, "weight_decay must not be negative")
     # both optimizers scale the weights by (1 - lr * weight_decay) each step: at 1 or more they vanish or flip
-    _require(cfg.lr * cfg.weight_decay < 1, f"weight_decay x lr must be below 1 (each step multiplies the "
-             f"weights by 1 - lr x weight_decay), got {cfg.weight_decay:g} x {cfg.lr:g}")
+    _require(cfg.lr is None or cfg.lr * cfg.weight_decay < 1, f"weight_decay x lr must be below 1 (each step multiplies the "
+             f"weights by 1 - lr x weight_decay), got {cfg.weight_decay:g} x {cfg.lr}")
     if cfg.optimizer == "sgd":  # Nesterov momentum needs some momentum
         _require(0 < cfg.momentum < 1, f"momentum must be in (0, 1) for sgd (Nesterov), got {cfg.momentum}")
     _require(0 <= cfg.momentum < 1, f"momentum must be in [0, 1), got {cfg.momentum}")
@@ -60,6 +62,8 @@ def check_finetune_settings(cfg) -> None:
         except ValueError as e:
             raise ConfigError(str(e)) from None
     _require(0 < cfg.val_fraction < 1, f"val_fraction must be between 0 and 1, got {cfg.val_fraction}")
+    _require(cfg.search_holdout is None or 0 < cfg.search_holdout < 1,
+             f"search_holdout must be between 0 and 1, got {cfg.search_holdout}")
     for name in ("train_split", "eval_split"):
         check_split_spec(name, getattr(cfg, name))
     _require(cfg.clip_grad is None or cfg.clip_grad > 0, "clip_grad must be positive")

@@ -25,6 +25,7 @@ def describe_run(plan: RunPlan, parts: RunParts, resumed_step: Optional[int]) ->
         f"head: {_head_text(plan.new_head, plan.fits, cfg.new_head)}",
         f"augmentation: {cfg.aug} ({plan.aug_reason}): {describe_aug(cfg.aug_config())}; "
         f"eval crop {plan.data_cfg.get('crop_pct'):g}",
+        plan.lr_reason,
         f"input {plan.res} px; batch {cfg.batch_size} x {accelerator.num_processes} process(es) x {cfg.grad_accum} "
         f"accumulated = {per_step} per step; {parts.total_steps} "
         f"steps on {accelerator.device} ({distribution_text(accelerator)}, {precision_text(cfg.precision)})",

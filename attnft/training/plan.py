@@ -19,6 +19,7 @@ from .checkpoints import find_resume_checkpoint
 from .config import FinetuneConfig
 from .processes import check_runtime, new_accelerator, warn_if_fewer_processes
 from .results import default_adapter_name
+from ..core.files import check_outside_attnft_folders, check_outside_store
 from .run_folder import RunLock, check_output_dir_free, check_output_dir_usable
 from .speed import PREFETCH_FACTOR, default_workers
 
@@ -33,6 +34,7 @@ class RunPlan:
 
     cfg: FinetuneConfig
     aug_reason: str  # why this augmentation level (``auto``'s rule, or "asked")
+    lr_reason: str  # the run's lr and why: the method's default at this batch, or as set
     accelerator: object
     method: object  # a freezing policy or a peft method (tuning.methods)
     store: AdapterStore
@@ -79,8 +81,9 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
         task = _load_task(cfg)
     _check_data_fits(cfg, task, accelerator.num_processes)
 
-    cfg, aug_reason = cfg.with_aug_resolved(split_length(task.train),
-                                            cfg.batch_size * accelerator.num_processes * cfg.grad_accum)
+    global_batch = cfg.batch_size * accelerator.num_processes * cfg.grad_accum
+    cfg, aug_reason = cfg.with_aug_resolved(split_length(task.train), global_batch)
+    cfg, lr_reason = cfg.with_lr_resolved(method.defaults, method.family, global_batch)
     if cfg.workers is None:  # from the machine's cores, and recorded in config.yaml as chosen
         cfg = dataclasses.replace(cfg, workers=default_workers(accelerator.num_processes))
     fits = head_fits(base_label_names(model), model.num_classes, task.label_names)
@@ -100,7 +103,7 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
     name = cfg.name or default_adapter_name(cfg.model, method.name, task.name, res)
     output_dir, checkpoint = _check_where_it_writes(cfg, store, name)
     warn_if_fewer_processes(accelerator)
-    return RunPlan(cfg=cfg, aug_reason=aug_reason, accelerator=accelerator, method=method, store=store, task=task,
+    return RunPlan(cfg=cfg, aug_reason=aug_reason, lr_reason=lr_reason, accelerator=accelerator, method=method, store=store, task=task,
                    applied=applied, new_head=new_head, fits=fits, data_cfg=data_cfg, res=res, name=name,
                    output_dir=output_dir, checkpoint=checkpoint)
 
@@ -126,7 +129,7 @@ def _load_task(cfg: FinetuneConfig):
         cfg.dataset, data_dir=cfg.data_dir, image_key=cfg.image_key, label_key=cfg.label_key,
         train_split=cfg.train_split, eval_split=cfg.eval_split, streaming=cfg.streaming,
         max_train=cfg.max_train, max_eval=cfg.max_eval, val_fraction=cfg.val_fraction,
-        inat_category=cfg.inat_category,
+        inat_category=cfg.inat_category, search_holdout=cfg.search_holdout,
     )
 
 
@@ -196,6 +199,8 @@ def _check_where_it_writes(cfg: FinetuneConfig, store: AdapterStore, name: str) 
     """The run's output dir, checked free and writable, and the checkpoint to resume from (None: a fresh run)."""
     store.check_writable(name, cfg.overwrite)
     output_dir = Path(cfg.output_dir or Path("runs") / name)
+    check_outside_attnft_folders(output_dir, "--output-dir")  # a run's files never enter an adapter or the store
+    check_outside_store(output_dir, "--output-dir", store.root)
     RunLock.check_free(output_dir)
     check_output_dir_usable(output_dir)
     checkpoint = find_resume_checkpoint(output_dir, cfg.to_dict()) if cfg.resume else None

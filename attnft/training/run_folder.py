@@ -29,6 +29,8 @@ RUN_CONFIG_FILE = "config.yaml"
 RESULT_FILE = "result.json"
 LOCK_FILE = "attnft.lock"  # the pid and host of the run that owns the folder
 LOCK_GRACE_S = 5.0  # a lock file without a pid yet is being written for this long at most
+# the first line of every config.yaml a run writes: the marker that makes the folder an attnft run's
+RUN_CONFIG_HEADER = "# the resolved configuration of this run; attnft finetune --recipe this file --overwrite repeats it"
 
 
 def check_output_dir_usable(output_dir: Path) -> None:
@@ -77,12 +79,28 @@ def _check_checkpoint_dir(directory: Path) -> None:
                               "move it away or pass another --output-dir")
 
 
+def is_run_folder(output_dir: Path) -> bool:
+    """Whether ``output_dir`` holds a run attnft wrote: its config.yaml starts with :data:`RUN_CONFIG_HEADER`."""
+    try:
+        with open(output_dir / RUN_CONFIG_FILE, "rb") as f:
+            return f.read(len(RUN_CONFIG_HEADER) + 1).decode("utf-8", "replace").rstrip("\n") == RUN_CONFIG_HEADER
+    except OSError:
+        return False
+
+
 def check_output_dir_free(output_dir: Path, overwrite: bool, resume: bool) -> None:
-    """ConfigError if ``output_dir`` holds another run that neither --resume nor --overwrite takes on."""
+    """ConfigError if ``output_dir`` holds another run that neither --resume nor --overwrite takes on, or files named
+    as a run's that no attnft run wrote (a user's config.yaml, metrics.jsonl or result.json), which nothing replaces."""
     checkpoints = output_dir / CHECKPOINT_DIR  # an empty one (a link to a roomier disk, say) holds no run
-    used = [p for p in (output_dir / METRICS_FILE, checkpoints, output_dir / RESULT_FILE)
+    used = [p for p in (output_dir / RUN_CONFIG_FILE, output_dir / METRICS_FILE, checkpoints, output_dir / RESULT_FILE)
             if p.exists() and not (p == checkpoints and p.is_dir() and not any(p.iterdir()))]
-    if used and not overwrite and not resume:
+    if not used:
+        return
+    if not is_run_folder(output_dir):
+        names = ", ".join(p.name for p in used if p != checkpoints)
+        raise ConfigError(f"{output_dir} holds {names}, which no attnft run wrote (its config.yaml would start with "
+                          f"attnft's header): attnft replaces only its own; move them away or pass another --output-dir")
+    if not overwrite and not resume:
         raise ConfigError(f"{output_dir} holds another run ({used[0].name}): pass --resume to continue it, "
                           f"--overwrite to replace it, or --output-dir")
 
@@ -109,8 +127,7 @@ def start_output_dir(output_dir: Path, config: dict, resumed_step: Optional[int]
             MetricsLog(output_dir / METRICS_FILE).truncate_after(resumed_step)
     except OSError as e:
         raise io_error(e, f"preparing the output dir {output_dir}") from None
-    text = ("# the resolved configuration of this run; attnft finetune --recipe this file --overwrite repeats it\n"
-            + yaml.safe_dump(config, sort_keys=False))
+    text = RUN_CONFIG_HEADER + "\n" + yaml.safe_dump(config, sort_keys=False)
     write_text_atomically(output_dir / RUN_CONFIG_FILE, text, f"the run's {RUN_CONFIG_FILE}")
 
 

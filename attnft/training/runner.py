@@ -34,7 +34,7 @@ import contextlib
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from torch import nn
 
@@ -58,9 +58,12 @@ if TYPE_CHECKING:
 __all__ = ["FinetuneResult", "finetune"]
 
 
-def finetune(cfg: FinetuneConfig) -> FinetuneResult:
+def finetune(cfg: FinetuneConfig, *, on_epoch: Optional[Callable[[int, EvalResult], None]] = None) -> FinetuneResult:
     """Fine-tune ``cfg.model`` under ``cfg.policy`` on ``cfg.dataset`` and save the adapter; see the module doc.
-    However the run ends, the policy's optimizer hook (global to the process) is removed and the trackers are ended."""
+    However the run ends, the policy's optimizer hook (global to the process) is removed and the trackers are ended.
+
+    ``on_epoch(epoch, result)`` is called after each evaluation between epochs (--eval-every); an exception it
+    raises ends the run there, with no adapter saved (a search's pruner stops a trial so)."""
     with contextlib.ExitStack() as on_exit:
         plan = check_run(cfg, on_exit)  # everything a user can get wrong, before any file is written
         cfg, accelerator = plan.cfg, plan.accelerator  # cfg: with the augmentation and workers resolved
@@ -82,7 +85,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneResult:
 
             checkpoints = Checkpoints(plan.output_dir / CHECKPOINT_DIR, cfg.checkpoint_every, cfg.keep_checkpoints,
                                       cfg.to_dict(), accuracy_before)
-            _train(plan, parts, position, clock, validation, checkpoints)
+            _train(plan, parts, position, clock, validation, checkpoints, on_epoch)
             return _finish(plan, parts, position, validation, accuracy_before, resumed_from)
 
 
@@ -103,7 +106,7 @@ def _start_run_folder(plan: RunPlan, resumed_step: Optional[int], on_exit: conte
 
 
 def _train(plan: RunPlan, parts: RunParts, position: Position, clock: StepClock, validation: Validation,
-           checkpoints: Checkpoints) -> None:
+           checkpoints: Checkpoints, on_epoch: Optional[Callable[[int, EvalResult], None]] = None) -> None:
     """Epochs from ``position`` to the run's last step, an evaluation every --eval-every epochs; the loop ends
     with a DivergedError if the last losses or the trained weights hold NaN or inf."""
     cfg, accelerator = plan.cfg, plan.accelerator
@@ -125,6 +128,8 @@ def _train(plan: RunPlan, parts: RunParts, position: Position, clock: StepClock,
             log.stop_if_diverged(accelerator)
             result = validate(parts.scored, validation, f"eval epoch {finished}", position.step, finished)
             accelerator.print(f"epoch {finished}: {result.summary()}")
+            if on_epoch is not None:
+                on_epoch(finished, result)
     progress.close()
     if parts.distill is not None:
         loop_s = time.perf_counter() - loop_start

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Optional, Union
 from torch import nn
 
 from ..core.errors import UnknownPolicyError
+from .defaults import TrainingDefaults
 from .fingerprint import BaseSnapshot
 from .policy import Policy, PolicyReport, apply_policy, check_blocks, resolve_policy
 
@@ -77,6 +78,16 @@ class Method:
         self.name: str = policy.name  # as the policy records it (stripped)
         self.blocks: Optional[frozenset[int]] = policy.blocks  # @BLOCKS; None: all blocks
 
+    @property
+    def defaults(self) -> TrainingDefaults:
+        """The method's own learning rate (from the table that names it), used when no --lr or recipe sets one."""
+        raise NotImplementedError
+
+    @property
+    def family(self) -> str:
+        """The entry of that table: the base policy (``head`` for ``head+bias``) or the peft method (``lora``)."""
+        raise NotImplementedError
+
     def check_blocks(self, num_blocks: int, model_name: str) -> None:
         """UnknownPolicyError if ``@BLOCKS`` names a block a model of ``num_blocks`` blocks does not have."""
         check_blocks(self.blocks, num_blocks, self.spec, model_name)
@@ -94,6 +105,14 @@ class FreezingMethod(Method):
 
     is_peft = False
 
+    @property
+    def defaults(self) -> TrainingDefaults:
+        return self.policy.defaults
+
+    @property
+    def family(self) -> str:
+        return self.policy.base
+
     def apply(self, model: nn.Module, *, capture_base: bool = True) -> Applied:
         """Freeze ``model`` by the policy and snapshot the base, before any weight moves."""
         report = apply_policy(model, self.policy)
@@ -104,6 +123,14 @@ class PeftPolicyMethod(Method):
     """A peft method on the role map's modules: peft wraps the model, only adapter tensors and the head copy train."""
 
     is_peft = True
+
+    @property
+    def defaults(self) -> TrainingDefaults:
+        return self.policy.peft_method.defaults
+
+    @property
+    def family(self) -> str:
+        return self.policy.method
 
     def apply(self, model: nn.Module, *, capture_base: bool = True) -> Applied:
         """Wrap ``model`` (changed in place) in a PeftModel; the report holds the base's fingerprint."""

@@ -35,6 +35,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..core.errors import NoAttentionError, UnknownPolicyError
 from ..core.parsing import short
+from .defaults import TrainingDefaults
 from ..roles import Region, Role, RoleEntry, RoleMap, build_role_map, parse_role
 
 BASE_POLICIES: dict[str, frozenset[Role]] = {
@@ -43,6 +44,14 @@ BASE_POLICIES: dict[str, frozenset[Role]] = {
     "ffn": frozenset({Role.FFN, Role.HEAD, Role.POS_EMBED}),
     "full": frozenset(Role),
     "head": frozenset({Role.HEAD}),
+}
+
+# each base policy's own learning rate (benchmarks/lr_grid.py decided them; an edited policy keeps its base's)
+BASE_DEFAULTS: dict[str, TrainingDefaults] = {
+    "attn": TrainingDefaults(5e-4, "the paper's fine-tuning rate (DeiT's 5e-4 x 512/512); best or within 1 point on lr_grid"),
+    "ffn": TrainingDefaults(5e-4, "as attn: the same share of block weights; lr_grid"),
+    "full": TrainingDefaults(5e-4, "DeiT's 5e-4 (V-PETL: 5e-5 to 5e-4); lr_grid"),
+    "head": TrainingDefaults(1e-2, "a linear probe: 1e-2 best on 16 of 19 VTAB tasks (OSU ViT_PEFT_Vision); lr_grid"),
 }
 
 POLICY_EDIT = re.compile(r"([+-])([A-Za-z_]+)")
@@ -56,6 +65,12 @@ class Policy:
     roles: frozenset[Role]
     bias: Optional[bool] = None  # True: every bias trains; False: no bias trains; None: biases follow roles
     blocks: Optional[frozenset[int]] = None  # None: all blocks
+    base: str = "full"  # the base policy it was written from (attn, ffn, full, head): whose defaults it trains with
+
+    @property
+    def defaults(self) -> TrainingDefaults:
+        """The base policy's own learning rate (:data:`BASE_DEFAULTS`)."""
+        return BASE_DEFAULTS[self.base]
 
     @classmethod
     def parse(cls, spec: str) -> "Policy":
@@ -85,7 +100,7 @@ class Policy:
         if "@" in spec and not block_spec.strip():
             raise UnknownPolicyError(f"policy {short(spec, 60)!r} has no blocks after '@': name them as in 'attn@8-11' or 'attn@0,2,4'")
         blocks = parse_blocks(block_spec, spec) if block_spec else None
-        return cls(name=spec, roles=frozenset(roles), bias=bias, blocks=blocks)
+        return cls(name=spec, roles=frozenset(roles), bias=bias, blocks=blocks, base=base.group(0))
 
     def trains(self, entry: RoleEntry) -> bool:
         if entry.block is not None and self.blocks is not None and entry.block not in self.blocks:

@@ -15,6 +15,7 @@ from torch import nn
 
 from ...core.errors import UnknownPolicyError
 from ...core.parsing import parse_bool, short
+from ..defaults import TrainingDefaults
 from ..policy import POLICY_EDIT, parse_blocks
 from ...roles import Role, parse_role
 
@@ -96,11 +97,14 @@ class PeftMethod:
     can_wrap: Callable[[nn.Module], bool]  # whether the method can wrap this leaf module
     mixed_batches: bool  # peft runs several of its adapters in one batch (adapter_names=...)
     summary: str  # one line for listings (attnft policies)
+    defaults: TrainingDefaults  # its own learning rate (benchmarks/lr_grid.py decided it)
 
 
 PEFT_METHODS: dict[str, PeftMethod] = {
-    "lora": PeftMethod("lora", "LORA", LoraOptions, _lora_config, _linear_or_ungrouped_conv, True, "low-rank update of each targeted weight"),
-    "ia3": PeftMethod("ia3", "IA3", IA3Options, _ia3_config, _linear_or_conv, False, "learned scaling of each targeted module's output (FFN: input)"),
+    "lora": PeftMethod("lora", "LORA", LoraOptions, _lora_config, _linear_or_ungrouped_conv, True, "low-rank update of each targeted weight",
+                       TrainingDefaults(2e-3, "V-PETL Bench's FGVC range 2e-4 to 2e-3, OSU's 1e-3, peft's guide 5e-3; lr_grid")),
+    "ia3": PeftMethod("ia3", "IA3", IA3Options, _ia3_config, _linear_or_conv, False, "learned scaling of each targeted module's output (FFN: input)",
+                      TrainingDefaults(1e-2, "scales start at 1 and move little at a block weight's rate (SSF-like methods: 1e-3 to 5e-3); lr_grid")),
 }
 
 # roles a peft policy may name: adapted module roles, plus the head trained whole

@@ -1,0 +1,99 @@
+"""The final runs: each policy's chosen settings trained on the whole training split and scored on the
+evaluation split, once per seed, each an ``attnft finetune --recipe`` in its own process.
+
+Its own process gives each run its own peak memory (the child's resident set, from ``wait4``) and
+wall time. A run that finished (its ``result.json`` and the measurement beside it) is read back, not
+run again, so a comparison killed in this phase resumes here too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from ..core.errors import AttnftError
+from ..core.files import remove_entry, write_text_atomically
+from ..training.config import FinetuneConfig
+from ..training.run_folder import METRICS_FILE, RESULT_FILE, is_run_folder
+from .study import Settings
+
+MEASURED_FILE = "compare_run.json"  # beside result.json: what the comparison measured of the run
+
+
+@dataclass
+class FinalRun:
+    """One final run as the report needs it."""
+
+    seed: int
+    top1: float
+    lr: float
+    trainable_params: int
+    total_params: int
+    adapter_bytes: int
+    full_checkpoint_bytes: int
+    step_s: Optional[float]  # median seconds per optimizer step, from the run's images/s
+    peak_rss_mb: float
+    wall_s: float
+    adapter: str  # the adapter's name in its store
+    store: str
+
+
+def run_final(ft: FinetuneConfig, policy: str, settings: Settings, seed: int, run_dir: Path, store: Path,
+              name: str, overwrite: bool) -> FinalRun:
+    """The final run of ``policy`` with ``settings`` and ``seed`` in ``run_dir`` (read back if it finished)."""
+    measured = run_dir / MEASURED_FILE
+    if measured.is_file() and (run_dir / RESULT_FILE).is_file():
+        return FinalRun(**json.loads(measured.read_text()))
+    if run_dir.exists() and (is_run_folder(run_dir) or not any(run_dir.iterdir())):
+        remove_entry(run_dir)  # a run of ours killed before it ended: run it again from the start
+    cfg = dataclasses.replace(ft, policy=policy, lr=settings.lr, weight_decay=settings.weight_decay, seed=seed,
+                              search_holdout=None, output_dir=str(run_dir), store=str(store), name=name,
+                              overwrite=overwrite, progress=False)
+    recipe = run_dir.with_suffix(".yaml")
+    recipe.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(recipe, yaml.safe_dump(cfg.to_dict(), sort_keys=False), f"the recipe of {run_dir.name}")
+    log_path = run_dir.with_suffix(".log")
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        child = subprocess.Popen([sys.executable, "-m", "attnft", "finetune", "--recipe", str(recipe)],
+                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
+    if child.returncode != 0:
+        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+        raise AttnftError(f"the final run of {policy} (seed {seed}) failed: {lines[-1] if lines else 'no output'} "
+                          f"(its log: {log_path})")
+    result = json.loads((run_dir / RESULT_FILE).read_text())
+    run = FinalRun(seed=seed, top1=result["accuracy_after"], lr=_lr_of(run_dir),
+                   trainable_params=result["trainable_params"], total_params=result["total_params"],
+                   adapter_bytes=result["adapter_bytes"], full_checkpoint_bytes=result["full_checkpoint_bytes"],
+                   step_s=_step_seconds(run_dir, cfg.batch_size * cfg.grad_accum), peak_rss_mb=usage.ru_maxrss / 1024,
+                   wall_s=round(wall, 2), adapter=name, store=str(store))
+    write_text_atomically(measured, json.dumps(dataclasses.asdict(run), indent=2) + "\n", MEASURED_FILE)
+    return run
+
+
+def _lr_of(run_dir: Path) -> float:
+    """The lr the run trained at, as its config.yaml records it (the policy's default when none was set)."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    return float(config["lr"])
+
+
+def _step_seconds(run_dir: Path, images_per_step: int) -> Optional[float]:
+    """Median seconds per optimizer step over the run's logged images/s."""
+    rates = []
+    for line in (run_dir / METRICS_FILE).read_text().splitlines():
+        record = json.loads(line)
+        if record.get("images_per_s"):
+            rates.append(record["images_per_s"])
+    return images_per_step / statistics.median(rates) if rates else None

@@ -1,0 +1,202 @@
+"""``attnft compare``: every policy on the same data and base, each at its own best, in one report.
+
+:func:`compare` reads top to bottom: check everything a user can get wrong before anything is
+written (the policies, the counts, the database, a study or folder of another comparison, the
+adapter names), then the search (if asked: Optuna trials on a held-out share of the training
+split), then the final runs (each policy's chosen settings on the whole training split, scored on
+the evaluation split, once per seed), then the report. Everything it writes lives in the compare folder
+but the chosen adapters, which land in the store as ``compare-TASK-POLICY``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..adapters.store import AdapterStore
+from ..core.errors import ConfigError
+from ..core.files import check_outside_attnft_folders, check_outside_store, write_text_atomically
+from ..training.config import FinetuneConfig
+from ..training.step_clock import progress_bar
+from ..tuning.methods import parse_method
+from . import study as search
+from .config import CompareConfig
+from .final import run_final
+from .report import final_line, policy_row, write_report
+
+MARKER = "compare_config.json"  # what makes a folder a comparison's, and of which task
+MARKER_FORMAT = "attnft-compare"
+
+
+def task_label(ft: FinetuneConfig) -> str:
+    """The task's name in folder, study and adapter names: a folder's own name, a hub id's, or the preset's."""
+    source = ft.dataset or ft.data_dir or "fashion-mnist"
+    name = os.path.basename(os.path.normpath(source)) if os.path.isdir(source) else source
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "task"
+
+
+def slug(policy: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", policy)
+
+
+@dataclass
+class Plan:
+    """What the checks settled: where the comparison writes, its policies, names, studies' identity and storage."""
+
+    cfg: CompareConfig
+    ft: FinetuneConfig
+    task: str
+    folder: Path
+    store: AdapterStore
+    names: dict  # policy -> the name of its chosen adapter in the store
+    ident: dict  # policy -> what its study holds trials of
+    study_base: str
+    storage: object = None  # Optuna's RDBStorage, with --search
+
+
+def compare(cfg: CompareConfig, ft: FinetuneConfig, command: str = "") -> Optional[dict]:
+    """Run the comparison; the report (None with ``--search-only``, which only runs trials)."""
+    plan = check_compare(cfg, ft)  # everything a user can get wrong, before anything is written
+    start_folder(plan)
+    total = (cfg.search or 0) * len(cfg.policy_list) + (0 if cfg.search_only else cfg.seeds * len(cfg.policy_list))
+    progress = progress_bar(total, 0, ft.progress)
+    progress.set_description("compare")
+    studies = {p: search_policy(plan, p, progress) for p in cfg.policy_list} if cfg.search is not None else {}
+    if cfg.search_only:
+        progress.close()
+        for p, study in studies.items():
+            counts = search.trial_counts(study)
+            print(f"{p}: {counts['complete']} finished, {counts['pruned']} pruned trial(s) in {study.study_name}")
+        return None
+    rows = [final_runs(plan, p, studies.get(p), progress) for p in cfg.policy_list]
+    progress.close()
+    header = {"task": plan.task, "model": ft.model, "res": ft.res, "epochs": ft.epochs, "command": command,
+              "what": _what(cfg, ft), "search": cfg.search, "seeds": cfg.seeds, "holdout": cfg.holdout,
+              "study": plan.study_base if cfg.search else None}
+    report = write_report(plan.folder, rows, header)
+    for line in (plan.folder / "compare.md").read_text().splitlines()[4:-3]:
+        print(line)
+    print(f"report: {plan.folder / 'compare.md'} (compare.json, compare.png)")
+    print(final_line(rows, report))
+    return report
+
+
+def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
+    """The plan, once every check passed: the folder, the database, the studies and the store's names."""
+    task = task_label(ft)
+    folder = Path(cfg.output_dir or Path("compare") / task)
+    store = AdapterStore(ft.store)
+    policies = cfg.policy_list
+    plan = Plan(cfg=cfg, ft=ft, task=task, folder=folder, store=store,
+                names={p: f"compare-{task}-{slug(p)}"[:128] for p in policies},
+                ident={p: search.identity(ft, p, cfg.holdout) for p in policies},
+                study_base=cfg.study or f"attnft-compare-{task}")
+    check_outside_attnft_folders(folder, "--output-dir")
+    check_outside_store(folder, "--output-dir", store.root)
+    _check_compare_folder(folder, plan.ident[policies[0]])
+    if cfg.search is not None:
+        search.require_optuna()
+        if cfg.storage is not None:  # an unreachable database, before the folder is made
+            plan.storage = _checked_storage(plan, cfg.storage)
+    if not cfg.search_only:
+        for p in policies:
+            if not _final_done(folder, p):
+                store.check_writable(plan.names[p], cfg.overwrite)
+    return plan
+
+
+def _checked_storage(plan: Plan, url: str):
+    storage = search.open_storage(url)
+    for p in plan.cfg.policy_list:
+        search.check_study(storage, f"{plan.study_base}-{p}", plan.ident[p])
+    return storage
+
+
+def start_folder(plan: Plan) -> None:
+    """The compare folder made this comparison's (its marker), and the default SQLite study opened in it."""
+    plan.folder.mkdir(parents=True, exist_ok=True)
+    marker = {"format": MARKER_FORMAT, **plan.ident[plan.cfg.policy_list[0]], "policies": plan.cfg.policy_list}
+    write_text_atomically(plan.folder / MARKER, json.dumps(marker, indent=2) + "\n", MARKER)
+    if plan.cfg.search is not None and plan.storage is None:
+        plan.storage = _checked_storage(plan, f"sqlite:///{(plan.folder / search.STUDY_FILE).resolve()}")
+
+
+def search_policy(plan: Plan, policy: str, progress):
+    """The search of one policy: its study's trials run until it holds --search of them; the study."""
+    cfg, ft = plan.cfg, plan.ft
+    default_lr = parse_method(policy).defaults.lr_for(ft.batch_size * ft.grad_accum)
+    study = search.open_study(plan.storage, f"{plan.study_base}-{policy}", plan.ident[policy], cfg.search,
+                              cfg.search_seed, cfg.pruner, ft.epochs)
+    progress.update(min(len(search.counted(study)), cfg.search))  # trials run before (a resumed comparison)
+    objective = search.trial_objective(ft, policy, default_lr, cfg.holdout, cfg.search_seed,
+                                       plan.folder / "trials" / slug(policy), plan.folder / "trials" / "adapters",
+                                       slug(policy))
+    search.run_trials(study, cfg.search, objective, on_trial=lambda: progress.update(1))
+    return study
+
+
+def final_runs(plan: Plan, policy: str, study, progress) -> dict:
+    """The chosen settings (or the defaults) on the whole training split, once per seed; the policy's report row."""
+    cfg, ft = plan.cfg, plan.ft
+    settings = search.Settings(lr=None, weight_decay=ft.weight_decay, source="the policy's defaults")
+    trials = None
+    if study is not None:
+        search.wait_for_running(study, policy, print_fn=progress.write)
+        settings = search.chosen(study) or settings
+        trials = search.trial_counts(study)
+    runs = []
+    for seed in range(cfg.seeds):
+        run_dir = plan.folder / "final" / slug(policy) / f"seed-{seed}"
+        # the first seed's adapter is the one kept in the store; the others stay in the compare folder
+        into = plan.store.root if seed == 0 else plan.folder / "final" / "adapters"
+        name = plan.names[policy] if seed == 0 else f"{plan.names[policy]}-seed{seed}"
+        runs.append(run_final(ft, policy, settings, seed, run_dir, into, name, cfg.overwrite and seed == 0))
+        progress.update(1)
+    return policy_row(policy, settings, runs, trials, trials["seconds"] if trials else 0.0)
+
+
+def _what(cfg: CompareConfig, ft: FinetuneConfig) -> str:
+    chosen = (f"settings chosen by {cfg.search} Optuna trial(s) a policy (TPE, seed {cfg.search_seed}, {cfg.pruner} "
+              f"pruner) on {cfg.holdout:.0%} of the training split held out; " if cfg.search else
+              "each policy at its own defaults (no search); ")
+    return (chosen + f"then trained on the whole training split for {ft.epochs} epoch(s) and scored on the "
+            f"evaluation split, {cfg.seeds} seed(s) a policy")
+
+
+def _final_done(folder: Path, policy: str) -> bool:
+    from .final import MEASURED_FILE
+
+    return (folder / "final" / slug(policy) / "seed-0" / MEASURED_FILE).is_file()
+
+
+def _check_compare_folder(folder: Path, ident: dict) -> None:
+    """ConfigError if ``folder`` holds anything but a comparison of the same task (it then resumes)."""
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise ConfigError(f"--output-dir {folder} is a file, not a folder")
+    marker = folder / MARKER
+    if not marker.is_file():
+        if any(folder.iterdir()):
+            raise ConfigError(f"--output-dir {folder} is not a compare folder (it holds other files and no {MARKER}): "
+                              "pass a new or empty folder")
+        return
+    try:
+        held = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        held = None
+    if not isinstance(held, dict) or held.get("format") != MARKER_FORMAT:
+        raise ConfigError(f"{marker} is not a comparison's: pass another --output-dir")
+    for key, value in ident.items():
+        if key != "policy" and held.get(key) != value:
+            raise ConfigError(f"{folder} holds a comparison of {key} {held.get(key)!r}, not {value!r}: "
+                              "pass another --output-dir")
+
+
+def command_line() -> str:
+    return "attnft " + " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -1,0 +1,270 @@
+"""The search: one Optuna study per policy, its trials ordinary attnft runs scored on a held-out split.
+
+Each trial samples the learning rate (log-uniform, 10x either side of the policy's own default at the
+run's batch) and the weight decay, trains on the training split less a seeded, stratified hold-out
+(``FinetuneConfig.search_holdout``), and reports the hold-out's top-1 after every epoch, so that the
+pruner can stop one that lags. The evaluation split is never read by a trial.
+
+A study lives in any database Optuna takes: by default an SQLite file in the compare folder, so a
+killed comparison resumes and re-runs no finished trial; with ``--storage URL`` several processes on
+several machines share its trials (each asks the study for the next one; a trial beyond the N asked
+is closed unrun). A study records what it compares (data, base, resolution, epochs, hold-out) and
+refuses a comparison of anything else.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import socket
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+from ..core.errors import AttnftError, ConfigError
+from ..core.files import pid_alive
+from ..training.config import FinetuneConfig
+
+if TYPE_CHECKING:
+    import optuna
+
+STUDY_FILE = "study.db"  # the default storage, in the compare folder
+WEIGHT_DECAY_RANGE = (1e-4, 0.3)
+SCHEMA_ATTEMPTS = 5
+LR_SPAN = 10.0  # the search's lr range: the default / LR_SPAN to the default x LR_SPAN
+# what a study compares: a comparison with other values would mix trials of another task in
+IDENTITY_FIELDS = ("dataset", "data_dir", "model", "checkpoint", "res", "epochs", "steps", "max_train", "batch_size",
+                   "grad_accum")
+
+
+def require_optuna():
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError("attnft compare --search needs Optuna: pip install 'attnft[compare]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a final run trains with: the search's choice, or the policy's own defaults (lr None)."""
+
+    lr: Optional[float]
+    weight_decay: float
+    source: str  # "default", or "trial 3 (held-out top-1 71.20%)"
+    val_top1: Optional[float] = None
+
+
+def identity(ft: FinetuneConfig, policy: str, holdout: float) -> dict:
+    """What a study's trials are of, as its user attributes hold it (JSON scalars)."""
+    values = {name: getattr(ft, name) for name in IDENTITY_FIELDS}
+    for key in ("dataset", "data_dir", "checkpoint"):  # a path the same from any working directory
+        if values[key] is not None and os.path.exists(values[key]):
+            values[key] = os.path.abspath(values[key])
+    return {**values, "policy": policy, "holdout": holdout}
+
+
+def open_storage(url: str):
+    """Optuna's RDBStorage for ``url``; a ConfigError line if the database cannot be reached or read."""
+    optuna = require_optuna()
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    engine_kwargs = {"connect_args": {"connect_timeout": 10}} if url.startswith(("postgresql", "mysql")) else {}
+    for attempt in range(SCHEMA_ATTEMPTS):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        except (IntegrityError, ProgrammingError):
+            # workers started together on an empty database race to create Optuna's tables: the loser finds them
+            if attempt == SCHEMA_ATTEMPTS - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+        except (SQLAlchemyError, ValueError, ImportError, OSError) as e:
+            reason = " ".join(str(getattr(e, "orig", None) or e).split())[:200]
+            raise ConfigError(f"cannot use the study database {_safe_url(url)}: {reason}") from None
+
+
+def _safe_url(url: str) -> str:
+    """``url`` without its password."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL at all: say it as given
+        return url
+
+
+def open_study(storage, name: str, ident: dict, search: int, seed: int, pruner: str, epochs: int):
+    """The study ``name`` (created, or joined), checked to hold trials of ``ident`` only. Its sampler is TPE
+    seeded from ``seed`` and the policy (each policy its own draws), random for the first half of the trials."""
+    optuna = require_optuna()
+    policy_seed = (seed * 1_000_003 + zlib.crc32(ident["policy"].encode())) % 2**32
+    sampler = optuna.samplers.TPESampler(seed=policy_seed, n_startup_trials=max(2, min(10, search // 2)))
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", sampler=sampler,
+                                pruner=_pruner(optuna, pruner, epochs), load_if_exists=True)
+    held = study.user_attrs
+    for key, value in ident.items():
+        if key in held and held[key] != value:
+            raise ConfigError(f"the study {name} in {_safe_url(storage.url)} holds trials of {key} {held[key]!r}, not "
+                              f"{value!r}: pass another --study (or --output-dir) for this comparison")
+        if key not in held:
+            study.set_user_attr(key, value)
+    return study
+
+
+def check_study(storage, name: str, ident: dict) -> None:
+    """ConfigError if the study ``name`` exists and holds trials of anything but ``ident``; reads only."""
+    optuna = require_optuna()
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return  # not there yet
+    for key, value in ident.items():
+        if key in study.user_attrs and study.user_attrs[key] != value:
+            raise ConfigError(f"the study {name} in {_safe_url(storage.url)} holds trials of {key} "
+                              f"{study.user_attrs[key]!r}, not {value!r}: pass another --study (or --output-dir)")
+
+
+def _pruner(optuna, kind: str, epochs: int):
+    if kind == "median":  # after two finished trials, from the first epoch's evaluation on
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+    if kind == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(epochs, 1))
+    return optuna.pruners.NopPruner()
+
+
+def lr_range(default_lr: float) -> tuple[float, float]:
+    return default_lr / LR_SPAN, min(default_lr * LR_SPAN, 1.0)
+
+
+def counted(study) -> list:
+    """The trials that count toward the N asked, in order: finished, pruned, or running (not failed)."""
+    from optuna.trial import TrialState
+
+    alive = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
+    return sorted((t for t in study.get_trials(deepcopy=False) if t.state in alive), key=lambda t: t.number)
+
+
+def fail_dead_trials(study) -> None:
+    """Close as failed the running trials of this machine whose process is gone (a comparison killed here)."""
+    from optuna.trial import TrialState
+
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        host, pid = trial.user_attrs.get("host"), trial.user_attrs.get("pid")
+        if host == socket.gethostname() and isinstance(pid, int) and pid != os.getpid() and not pid_alive(pid):
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+
+
+def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], None]) -> None:
+    """Ask the study for trials and run them until it holds ``search`` that count; ``on_trial`` after each one."""
+    from optuna.trial import TrialState
+
+    fail_dead_trials(study)
+    while len(counted(study)) < search:
+        trial = study.ask()
+        trial.set_user_attr("host", socket.gethostname())
+        trial.set_user_attr("pid", os.getpid())
+        if trial.number not in [t.number for t in counted(study)[:search]]:
+            # another worker asked for the last one first: close this one unrun
+            trial.set_user_attr("unrun", "the study already had its trials")
+            study.tell(trial, state=TrialState.FAIL)
+            break
+        try:
+            value = objective(trial)
+        except _pruned_error():
+            study.tell(trial, state=TrialState.PRUNED)
+        except BaseException:
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        else:
+            study.tell(trial, value)
+        on_trial()
+
+
+def _pruned_error():
+    import optuna
+
+    return optuna.TrialPruned
+
+
+def wait_for_running(study, what: str, poll_s: float = 10.0, print_fn=print) -> None:
+    """Return once no trial of ``study`` is running (other workers' trials end first)."""
+    from optuna.trial import TrialState
+
+    said = False
+    while True:
+        fail_dead_trials(study)
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
+        if not running:
+            return
+        if not said:
+            print_fn(f"{what}: waiting for {len(running)} trial(s) running elsewhere "
+                     f"({', '.join(str(t.user_attrs.get('host', '?')) for t in running)})")
+            said = True
+        time.sleep(poll_s)
+
+
+def chosen(study) -> Optional[Settings]:
+    """The settings of the study's best finished trial (ties: the earliest); None if none finished."""
+    from optuna.trial import TrialState
+
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None
+            and math.isfinite(t.value)]
+    if not done:
+        return None
+    best = max(done, key=lambda t: (t.value, -t.number))
+    return Settings(lr=best.params["lr"], weight_decay=best.params["weight_decay"], val_top1=best.value,
+                    source=f"trial {best.number} of {len(done)} finished (held-out top-1 {best.value:.2f}%)")
+
+
+def trial_counts(study) -> dict:
+    """How many trials finished, were pruned or failed, and the seconds the finished and pruned ones took."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    states = [t.state for t in trials]
+    seconds = sum(t.duration.total_seconds() for t in trials
+                  if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.duration is not None)
+    return {"complete": states.count(TrialState.COMPLETE), "pruned": states.count(TrialState.PRUNED),
+            "failed": states.count(TrialState.FAIL), "seconds": round(seconds, 1)}
+
+
+def trial_objective(ft: FinetuneConfig, policy: str, default_lr: float, holdout: float, seed: int, folder: Path,
+                    store: Path, slug: str) -> Callable:
+    """The function a trial runs: one attnft run, in this process, its output in ``folder/trial-NNN``."""
+    from ..training.runner import finetune
+
+    low, high = lr_range(default_lr)
+
+    def objective(trial) -> float:
+        import optuna
+
+        lr = trial.suggest_float("lr", low, high, log=True)
+        weight_decay = trial.suggest_float("weight_decay", *WEIGHT_DECAY_RANGE, log=True)
+        run_dir = folder / f"trial-{trial.number:03d}"
+        trial.set_user_attr("run_dir", str(run_dir))
+        cfg = dataclasses.replace(ft, policy=policy, lr=lr, weight_decay=weight_decay, seed=seed,
+                                  search_holdout=holdout, eval_every=1, eval_before=False, progress=False,
+                                  output_dir=str(run_dir), store=str(store), name=f"{slug}-trial-{trial.number:03d}",
+                                  overwrite=True)
+
+        def report(epoch: int, result) -> None:
+            if result.top1 is not None:
+                trial.report(result.top1, epoch)
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"held-out top-1 {result.top1:.2f}% after epoch {epoch}")
+
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(run_dir.parent / f"trial-{trial.number:03d}.log", "w") as log, contextlib.redirect_stdout(log):
+            try:
+                result = finetune(cfg, on_epoch=report)
+            except AttnftError as e:
+                raise ConfigError(f"trial {trial.number} of {policy} failed: {e}") from None
+        return float(result.accuracy_after)
+
+    return objective

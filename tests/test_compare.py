@@ -1,0 +1,231 @@
+"""``attnft compare``: every policy on the same data and base, chosen on a held-out split, one report.
+
+Real runs of the bundled 28 px model on a small folder of real Fashion-MNIST images (3 classes), a real
+SQLite study, and two worker processes sharing one study on a real PostgreSQL server (tests/postgres.py).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from attnft.cli import main
+from attnft.data.fashion_mnist import LABEL_NAMES, read_fashion_mnist
+from attnft.tuning.peft.spec import PEFT_METHODS
+from attnft.tuning.policy import BASE_DEFAULTS
+from test_runner import _fails_cleanly, _snapshot
+
+optuna = pytest.importorskip("optuna")
+
+REPO = Path(__file__).resolve().parent.parent
+FLAGS = ["--model", "vit_fmnist_patch4_28", "--epochs", "1", "--batch-size", "32", "--workers", "0", "--no-progress"]
+
+
+def fashion_folder(root: Path, classes=(0, 1, 7), train=40, test=15) -> Path:
+    """root/{train,test}/<class>/<i>.png: real Fashion-MNIST images of three classes (the bundled sample)."""
+    for split, count in (("train", train), ("test", test)):
+        images, labels = read_fashion_mnist(split)
+        for c in classes:
+            folder = root / split / LABEL_NAMES[c].replace("/", "-")
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in [i for i in range(len(labels)) if labels[i] == c][:count]:
+                Image.fromarray(images[i]).save(folder / f"{i}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return fashion_folder(tmp_path_factory.mktemp("data") / "clothes")
+
+
+def compare_argv(data, out, store, *extra, policies="attn,lora", search="2"):
+    argv = ["compare", "--dataset", str(data), "--policies", policies, "--seeds", "1", "--output-dir", str(out),
+            "--store", str(store), *FLAGS, *extra]
+    return argv + (["--search", search] if search else [])
+
+
+def study_of(out: Path, name: str):
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{out / 'study.db'}")
+
+
+@pytest.fixture(scope="module")
+def compared(data, tmp_path_factory):
+    """One comparison of attn and lora, 2 trials each, 1 seed, 1 epoch: its folder and store."""
+    root = tmp_path_factory.mktemp("compare")
+    assert main(compare_argv(data, root / "out", root / "store")) == 0
+    return root / "out", root / "store"
+
+
+def test_compare_writes_the_table_the_json_and_the_picture(compared):
+    out, _ = compared
+    report = json.loads((out / "compare.json").read_text())
+    assert [row["policy"] for row in report["policies"]] == ["attn", "lora"]
+    for row in report["policies"]:
+        for key in ("top1_mean", "top1_std", "val_top1", "trainable_params", "trainable_share", "adapter_mb",
+                    "full_checkpoint_mb", "step_s", "peak_rss_mb", "wall_s", "lr", "weight_decay"):
+            assert row[key] is not None, key
+        assert 0 <= row["top1_mean"] <= 100 and row["peak_rss_mb"] > 100 and row["step_s"] > 0
+        assert row["trials"]["complete"] + row["trials"]["pruned"] == 2
+    lora, attn = report["policies"][1], report["policies"][0]
+    assert lora["trainable_params"] < attn["trainable_params"] and lora["adapter_mb"] < attn["adapter_mb"]
+    assert report["best"] in ("attn", "lora") and report["cheapest_within_1"] in ("attn", "lora")
+    table = (out / "compare.md").read_text()
+    assert "| attn |" in table and "| lora |" in table and "held-out top-1" in table
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_chosen_settings_are_the_best_trial_of_each_study_and_the_lr_is_searched_around_the_default(compared):
+    out, _ = compared
+    report = {row["policy"]: row for row in json.loads((out / "compare.json").read_text())["policies"]}
+    for policy, default_lr in (("attn", BASE_DEFAULTS["attn"].lr), ("lora", PEFT_METHODS["lora"].defaults.lr)):
+        study = study_of(out, f"attnft-compare-clothes-{policy}")
+        best = max((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: (t.value, -t.number))
+        assert report[policy]["lr"] == best.params["lr"] and report[policy]["val_top1"] == best.value
+        for trial in study.trials:  # around the default at batch 32: x 32 / 64
+            assert default_lr / 2 / 10 <= trial.params["lr"] <= default_lr / 2 * 10
+
+
+def test_every_trial_is_an_ordinary_run_scored_on_a_held_out_share_of_the_training_split(compared):
+    import yaml
+
+    out, store = compared
+    for policy in ("attn", "lora"):
+        for trial in sorted((out / "trials" / policy).glob("trial-*[0-9]")):
+            assert {"metrics.jsonl", "result.json", "config.yaml"} <= {p.name for p in trial.iterdir()}
+            config = yaml.safe_load((trial / "config.yaml").read_text())
+            assert config["search_holdout"] == 0.2
+            result = json.loads((trial / "result.json").read_text())
+            assert result["final_eval"]["num_samples"] == 24  # 20% of 120 training images: never the 45 test ones
+        final = out / "final" / policy / "seed-0"
+        assert yaml.safe_load((final / "config.yaml").read_text())["search_holdout"] is None
+        assert json.loads((final / "result.json").read_text())["final_eval"]["num_samples"] == 45
+    assert sorted(p.name for p in store.iterdir()) == ["compare-clothes-attn", "compare-clothes-lora"]
+
+
+def test_a_comparison_run_again_runs_nothing_again_and_reports_the_same(compared, capsys):
+    out, store = compared
+    before = json.loads((out / "compare.json").read_text())
+    runs = {p: p.stat().st_mtime_ns for p in out.rglob("result.json")}
+    assert main(compare_argv(_data_of(out), out, store)) == 0
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("result.json")} == runs
+    after = json.loads((out / "compare.json").read_text())
+    assert [r["top1"] for r in after["policies"]] == [r["top1"] for r in before["policies"]]
+    assert "best:" in capsys.readouterr().out
+
+
+def _data_of(out: Path) -> Path:
+    return Path(json.loads((out / "compare_config.json").read_text())["dataset"])
+
+
+def _finished_trials(out: Path, name: str) -> int:
+    """Trials the study records as finished or pruned (0 before the study exists)."""
+    if not (out / "study.db").exists():
+        return 0
+    try:
+        return len([t for t in study_of(out, name).trials if t.state.name in ("COMPLETE", "PRUNED")])
+    except KeyError:  # the file is there, the study not yet
+        return 0
+
+
+def test_a_comparison_killed_after_its_first_trial_finishes_without_running_it_again(data, tmp_path):
+    out, store = tmp_path / "out", tmp_path / "store"
+    argv = [sys.executable, "-m", "attnft", *compare_argv(data, out, store, policies="attn")]
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    first = out / "trials" / "attn" / "trial-000" / "result.json"
+    deadline = time.monotonic() + 240
+    while not _finished_trials(out, "attnft-compare-clothes-attn") and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    assert first.exists()
+    stamp = first.stat().st_mtime_ns
+    assert main(compare_argv(data, out, store, policies="attn")) == 0
+    assert first.stat().st_mtime_ns == stamp  # trial 0 was not run again
+    study = study_of(out, "attnft-compare-clothes-attn")
+    done = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert len(done) == 2 and done[0].number == 0
+    assert json.loads((out / "compare.json").read_text())["policies"][0]["trials"]["complete"] + \
+        json.loads((out / "compare.json").read_text())["policies"][0]["trials"]["pruned"] == 2
+
+
+def test_without_search_each_policy_runs_at_its_own_default_lr(data, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(compare_argv(data, out, tmp_path / "store", policies="head", search=None)) == 0
+    row = json.loads((out / "compare.json").read_text())["policies"][0]
+    assert row["lr"] == pytest.approx(BASE_DEFAULTS["head"].lr * 32 / 64)  # the default at batch 64, x 32 / 64
+    assert row["val_top1"] is None and row["trials"] is None
+    assert not (out / "study.db").exists() and not (out / "trials").exists()
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--policies", "attn,atn"], ["--policies", "unknown policy 'atn'"]),
+    (["--search", "0"], ["--search must be from 1"]),
+    (["--search", "-3"], ["--search must be from 1"]),
+    (["--seeds", "0"], ["--seeds must be from 1"]),
+    (["--storage", "postgresql://nobody@127.0.0.1:1/none"], ["cannot use the study database", "127.0.0.1:1"]),
+    (["--storage", "nosuchdb://x"], ["cannot use the study database"]),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, data, tmp_path, extra, words):
+    out = tmp_path / "out"
+    argv = compare_argv(data, out, tmp_path / "store", search="2") + extra
+    _fails_cleanly(capsys, argv, words=words, untouched=[tmp_path])
+    assert not out.exists() and not (tmp_path / "store").exists()
+
+
+def test_a_folder_that_is_no_compare_folder_is_refused_untouched(capsys, data, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    _fails_cleanly(capsys, compare_argv(data, mine, tmp_path / "store"), words=["is not a compare folder"],
+                   untouched=[tmp_path])
+
+
+def test_a_study_of_another_dataset_is_refused_before_any_trial(capsys, compared, tmp_path):
+    out, _ = compared
+    other = fashion_folder(tmp_path / "other", classes=(2, 3, 4), train=10, test=5)
+    storage = f"sqlite:///{out / 'study.db'}"
+    before = _snapshot([out])
+    argv = compare_argv(other, tmp_path / "out2", tmp_path / "store2", "--storage", storage, "--study",
+                        "attnft-compare-clothes")
+    _fails_cleanly(capsys, argv, words=["holds trials of dataset"], untouched=[out])
+    assert _snapshot([out]) == before and not (tmp_path / "out2").exists()
+    # the compare folder of another task, the same way
+    _fails_cleanly(capsys, compare_argv(other, out, tmp_path / "store2"), words=["holds a comparison of dataset"],
+                   untouched=[out])
+
+
+def test_two_workers_share_one_postgresql_study_and_split_its_trials(data, tmp_path, postgres_url):
+    """Two processes on one study (as on two machines): the trials are split between them, none runs twice,
+    and a third process that reports from the study chooses what the study's best trial says."""
+    study = "two-workers"
+    workers = []
+    for worker in ("w1", "w2"):
+        argv = [sys.executable, "-m", "attnft", *compare_argv(data, tmp_path / worker, tmp_path / "store",
+                                                              "--storage", postgres_url, "--study", study,
+                                                              "--search-only", policies="attn", search="4")]
+        workers.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for child in workers:
+        out, err = child.communicate(timeout=280)
+        assert child.returncode == 0, err
+    loaded = optuna.load_study(study_name=f"{study}-attn", storage=postgres_url)
+    counted = [t for t in loaded.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert len(counted) == 4 and len({t.number for t in counted}) == 4
+    pids = {t.user_attrs["pid"] for t in counted}
+    assert pids == {w.pid for w in workers}  # both worked
+    runs = sorted(str(Path(t.user_attrs["run_dir"]).relative_to(tmp_path)) for t in counted)
+    ran = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.glob("w*/trials/attn/trial-*/result.json"))
+    assert runs == ran  # each trial ran once, in the folder of the worker that took it
+    # the report, from one process: no trial run again, the settings of the study's best trial
+    assert main(compare_argv(data, tmp_path / "report", tmp_path / "store", "--storage", postgres_url, "--study", study,
+                             policies="attn", search="4")) == 0
+    assert len([t for t in optuna.load_study(study_name=f"{study}-attn", storage=postgres_url).trials
+                if t.state.name in ("COMPLETE", "PRUNED")]) == 4
+    best = max((t for t in counted if t.state.name == "COMPLETE"), key=lambda t: (t.value, -t.number))
+    row = json.loads((tmp_path / "report" / "compare.json").read_text())["policies"][0]
+    assert (row["lr"], row["weight_decay"], row["val_top1"]) == (best.params["lr"], best.params["weight_decay"],
+                                                                best.value)

@@ -1,0 +1,60 @@
+"""Each policy and peft method trains at its own learning rate, stated at batch 64 and scaled with the global batch;
+``--lr`` and a recipe's ``lr`` win; the run says which lr it uses and why, and config.yaml records it."""
+import pytest
+import yaml
+
+from attnft.cli import main
+from attnft.tuning.defaults import BASE_BATCH, TrainingDefaults
+from attnft.tuning.methods import parse_method
+from attnft.tuning.peft.spec import PEFT_METHODS
+from attnft.tuning.policy import BASE_DEFAULTS
+
+
+def test_every_method_family_has_its_own_default_with_a_source():
+    for defaults in [*BASE_DEFAULTS.values(), *(m.defaults for m in PEFT_METHODS.values())]:
+        assert 0 < defaults.lr < 1 and defaults.base_batch == BASE_BATCH and defaults.source
+    # the methods that start from nothing (a new head, zero-initialised or unit scales) take larger steps
+    assert BASE_DEFAULTS["head"].lr > BASE_DEFAULTS["attn"].lr
+    assert PEFT_METHODS["lora"].defaults.lr > BASE_DEFAULTS["attn"].lr
+
+
+@pytest.mark.parametrize("spec, family", [("attn", "attn"), ("head+bias", "head"), ("ffn+norm@0-1", "ffn"),
+                                          ("lora:r=4", "lora"), ("ia3+ffn", "ia3")])
+def test_an_edited_policy_trains_at_its_bases_default(spec, family):
+    method = parse_method(spec)
+    assert method.family == family
+    expected = BASE_DEFAULTS[family] if family in BASE_DEFAULTS else PEFT_METHODS[family].defaults
+    assert method.defaults == expected
+
+
+def test_the_default_scales_linearly_with_the_global_batch():
+    defaults = TrainingDefaults(2e-3, "a test")
+    assert defaults.lr_for(64) == 2e-3 and defaults.lr_for(256) == pytest.approx(8e-3)
+    assert defaults.explain("lora", 64) == "lr 2.0e-03: lora's default at batch 64"
+    assert defaults.explain("lora", 128) == ("lr 4.0e-03: lora's default 2.0e-03 at batch 64, x 128/64 for a global "
+                                             "batch of 128")
+
+
+def _run(tmp_path, *extra):
+    return ["finetune", "--model", "vit_fmnist_patch4_28", "--max-train", "64", "--max-eval", "32", "--steps", "1",
+            "--workers", "0", "--no-progress", "--no-eval-before", "--output-dir", str(tmp_path / "run"),
+            "--store", str(tmp_path / "store"), *extra]
+
+
+@pytest.mark.parametrize("policy, batch, accum", [("head", 32, 1), ("lora", 16, 2), ("attn", 64, 1)])
+def test_a_run_without_lr_uses_its_policys_default_at_its_global_batch_and_says_so(capsys, tmp_path, policy, batch, accum):
+    assert main(_run(tmp_path, "--policy", policy, "--batch-size", str(batch), "--grad-accum", str(accum))) == 0
+    out = capsys.readouterr().out
+    defaults = parse_method(policy).defaults
+    expected = defaults.lr * batch * accum / 64
+    assert defaults.explain(policy, batch * accum) in out.splitlines()
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["lr"] == pytest.approx(expected)
+
+
+def test_lr_on_the_command_line_or_in_a_recipe_wins(capsys, tmp_path):
+    assert main(_run(tmp_path, "--policy", "head", "--batch-size", "32", "--lr", "3e-4")) == 0
+    assert "lr 3.0e-04: as set (--lr or the recipe)" in capsys.readouterr().out
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("policy: head\nlr: 7.0e-4\nbatch_size: 32\n")
+    assert main(_run(tmp_path, "--recipe", str(recipe), "--overwrite")) == 0
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["lr"] == pytest.approx(7e-4)
