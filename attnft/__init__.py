@@ -1,11 +1,57 @@
 """attnft: attention-only fine-tuning of Vision Transformers.
 
+The public API, one import away (each name loads its home on first use, so ``import attnft`` stays cheap)::
+
+    from attnft import create_model, apply_policy, AdapterStore, MultiTaskModel
+    from attnft import finetune, FinetuneConfig, compare, CompareConfig, AttnftError
+
 Importing attnft registers its bundled models (``vit_fmnist_patch16_224``, the default,
 ``vit_fmnist_patch32_224`` and ``vit_fmnist_patch4_28``) in timm's registry,
 without importing timm: see :mod:`attnft.registration`.
 """
-from .core.version import __version__
+import importlib
 
+from .core.version import __version__
 from .registration import register_bundled_models
 
 register_bundled_models()
+
+_ERRORS = ("AttnftError", "UnknownModelError", "UnknownPolicyError", "NoAttentionError", "AdapterError",
+           "BaseMismatchError", "StoreError", "DataError", "ConfigError", "OfflineError", "DivergedError")
+# public name -> the module that defines it
+_HOMES = {
+    "create_model": "attnft.models",
+    "apply_policy": "attnft.tuning.policy",
+    "Policy": "attnft.tuning.policy",
+    "PolicyReport": "attnft.tuning.policy",
+    "parse_method": "attnft.tuning.methods",
+    "apply_peft_policy": "attnft.tuning.peft.model",
+    "AdapterStore": "attnft.adapters.store",
+    "find_adapter": "attnft.adapters.store",
+    "AdapterRecord": "attnft.adapters.record",
+    "BaseSnapshot": "attnft.tuning.fingerprint",
+    "load_adapter": "attnft.adapters.load",
+    "load_peft_adapter": "attnft.adapters.peft_files",
+    "MultiTaskModel": "attnft.multitask",
+    "PeftMultiTask": "attnft.multitask",
+    "finetune": "attnft.training.runner",
+    "FinetuneConfig": "attnft.training.config",
+    "compare": "attnft.compare",
+    "CompareConfig": "attnft.compare",
+    **{name: "attnft.core.errors" for name in _ERRORS},
+}
+
+__all__ = ["__version__", *_HOMES]
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -1,9 +1,12 @@
-"""The public path of the adapter store, kept for users' code: this module is :mod:`attnft.adapters.store` itself.
+"""The old public path attnft.store, kept one release for users' code: it warns, then is its real home's module.
 
-Nothing inside attnft imports it (import-linter's contracts in setup.cfg hold that).
+Use ``from attnft import AdapterStore, find_adapter (their home: attnft.adapters.store)``. Nothing inside attnft imports it (import-linter's contracts in setup.cfg hold that).
 """
 import sys
+import warnings
 
 from .adapters import store
 
+warnings.warn("attnft.store is deprecated and will be removed in the next release: from attnft import AdapterStore, find_adapter (their home: attnft.adapters.store)",
+              DeprecationWarning, stacklevel=2)
 sys.modules[__name__] = store

@@ -49,7 +49,7 @@ def save_attn_adapter(store, name, num_classes, seed, *, img_size=None, overwrit
 
 
 def save_lora_adapter(store, name, seed):
-    from attnft.peft_methods import apply_peft_policy
+    from attnft import apply_peft_policy
 
     torch.manual_seed(seed)
     with warnings.catch_warnings():

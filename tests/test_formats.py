@@ -113,7 +113,7 @@ def test_listing_and_verifying_attnft_adapters_never_imports_peft(tmp_path, attn
     model, report, snapshot, _ = attnft_trained
     AdapterStore(tmp_path).save("cars", model, report, snapshot)
     code = (
-        "import sys; from attnft.store import AdapterStore; s = AdapterStore(sys.argv[1]);"
+        "import sys; from attnft import AdapterStore; s = AdapterStore(sys.argv[1]);"
         "s.list(); s.verify('cars'); s.show('cars'); s.read('cars');"
         "assert 'peft' not in sys.modules, 'peft was imported'"
     )

@@ -65,7 +65,7 @@ It loads only onto the base it was trained on; attnft checks that by fingerprint
 
 ```python
 {library.attnft_create(config, "model", classes=False)}
-from attnft.adapters import load_adapter  # importing attnft registers its bundled models in timm
+from attnft import load_adapter  # importing attnft registers its bundled models in timm
 
 load_adapter(model, "path/to/this/folder")  # checks the base's fingerprint, sets the head and input size
 model.eval()
@@ -138,7 +138,7 @@ in peft's own format; `attnft.json` beside it records the base's fingerprint, wh
 
 ```python
 {library.attnft_create(info, "base", classes=True)}
-from attnft.peft_methods import load_peft_adapter  # importing attnft registers its bundled models in timm
+from attnft import load_peft_adapter  # importing attnft registers its bundled models in timm
 
 model = load_peft_adapter(base, "path/to/this/folder")  # checks the base's fingerprint first
 ```

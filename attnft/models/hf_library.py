@@ -84,7 +84,7 @@ class TransformersLibrary(ModelLibrary):
 
     def attnft_create(self, base, var: str, classes: bool) -> str:
         sizes = f"num_classes={base.num_classes}, img_size={base.input_size}" if classes else f"img_size={base.input_size}"
-        return f'from attnft.models import create_model\n\n{var} = create_model("{base.model_name}", {sizes})'
+        return f'from attnft import create_model\n\n{var} = create_model("{base.model_name}", {sizes})'
 
     def plain_adapter_use(self, base) -> str:
         """At another size than the base's, the base is rebuilt at the adapter's size with each position

@@ -2,8 +2,9 @@
 
 Request threads :meth:`Batcher.reserve` room for their images before decoding them (a full
 queue answers at once, before any work), then :meth:`Batcher.submit` the preprocessed
-tensors. The model's thread takes the oldest image, waits at most ``max_wait_s`` from when
-that image arrived for up to ``max_batch`` images, whatever their tasks, and runs them: one
+tensors. The model's thread takes what is queued, up to ``max_batch`` images whatever their tasks:
+images that arrived while it ran the previous batch (continuous batching; an idle model runs a lone
+image at once, unless ``max_wait_s`` > 0 asks it to wait that long from the oldest's arrival), and runs them: one
 call of the backbone's server per base (:meth:`TaskServer.forward_mixed`: patch embedding and
 FFN once for the whole batch, attention once per task), after the pager has loaded the tasks
 the batch needs. Every image gets its :class:`Answer` through its job's ``reply``, called once
@@ -121,9 +122,10 @@ class Batcher:
                     _reply(job, Answer(error=f"internal error: {first_line(e)}", status=500, kind="internal"))
 
     def _next_batch(self) -> Optional[list[Job]]:
-        """Up to ``max_batch`` jobs, oldest first, once the oldest has waited ``max_wait_s``; None when stopped and empty.
+        """Up to ``max_batch`` jobs, oldest first; None when stopped and empty.
 
-        A batch that is full, or an oldest image that waited while the previous batch ran, goes at once.
+        What is queued goes at once (with ``max_wait_s`` 0, the default: the batch is what arrived while the model
+        was busy); with ``max_wait_s`` > 0 the model waits until the oldest has waited that long, or the batch is full.
         """
         with self._cond:
             while not self._queue and not self._stopping:
@@ -131,7 +133,7 @@ class Batcher:
             if not self._queue:
                 return None
             deadline = self._queue[0].enqueued + self.max_wait_s
-            while len(self._queue) < self.max_batch and not self._stopping:
+            while self.max_wait_s > 0 and len(self._queue) < self.max_batch and not self._stopping:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break

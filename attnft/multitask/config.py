@@ -37,8 +37,9 @@ class ServeConfig:
                                      group=SERVER)
     access_log: bool = _opt(False, "log every request (uvicorn's access log)", group=SERVER)
     max_batch: int = _opt(32, "images per model call, mixing tasks", group=ENGINE)
-    max_wait_ms: float = _opt(5.0, "how long the first image of a batch waits for others (milliseconds)",
-                              group=ENGINE)
+    max_wait_ms: float = _opt(0.0, "how long an idle model waits for more images before it runs what is queued "
+                              "(milliseconds); 0: never, a batch forms from what arrives while the model is busy "
+                              "(continuous batching)", group=ENGINE)
     memory_budget: Optional[str] = _opt(None, "memory for backbones and loaded adapters, e.g. 2GB; least recently "
                                         "used adapters are unloaded to stay within it (default: no limit)",
                                         metavar="SIZE", group=ENGINE)

@@ -1,4 +1,5 @@
-"""The public path of attnft's peft methods, kept for users' code: each name loads from its home on first use.
+"""The old public path of attnft's peft methods, kept one release for users' code: it warns, then each name loads
+from its home on first use. Use ``from attnft import apply_peft_policy, load_peft_adapter, PeftMultiTask``.
 
 Applying peft to a model is tuning (:mod:`attnft.tuning.peft`); saving and reading a peft adapter folder is the
 adapter layer's (:mod:`attnft.adapters.peft_files`, :mod:`attnft.adapters.peft_sidecar`); serving several is
@@ -7,6 +8,11 @@ adapter layer's (:mod:`attnft.adapters.peft_files`, :mod:`attnft.adapters.peft_s
 from __future__ import annotations
 
 import importlib
+import warnings
+
+warnings.warn("attnft.peft_methods is deprecated and will be removed in the next release: from attnft import "
+              "apply_peft_policy, load_peft_adapter, PeftMultiTask (their homes: attnft.tuning.peft, attnft.adapters)",
+              DeprecationWarning, stacklevel=2)
 
 # public name -> the module that defines it
 _HOMES = {

@@ -1,0 +1,57 @@
+"""The public API at the package root, and the old paths that warn for one release."""
+import subprocess
+import sys
+
+import pytest
+
+import attnft
+from snippets import clean_env
+
+OLD_PATHS = {"attnft.policy": "apply_policy", "attnft.store": "AdapterStore", "attnft.errors": "AttnftError",
+             "attnft.peft_methods": "apply_peft_policy"}
+
+
+def _python(code: str, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, env=clean_env(),
+                          timeout=120)
+
+
+def test_every_public_name_resolves_to_its_home():
+    from attnft.adapters.store import AdapterStore
+    from attnft.models import create_model
+    from attnft.multitask import MultiTaskModel
+    from attnft.tuning.policy import apply_policy
+
+    assert (attnft.create_model, attnft.apply_policy, attnft.AdapterStore, attnft.MultiTaskModel) == (
+        create_model, apply_policy, AdapterStore, MultiTaskModel)
+    for name in attnft.__all__:
+        assert getattr(attnft, name) is not None, name
+    assert set(attnft.__all__) <= set(dir(attnft))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        attnft.nope
+
+
+def test_importing_attnft_imports_no_torch():
+    done = _python("import sys, attnft; assert 'torch' not in sys.modules and 'timm' not in sys.modules")
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("path, name", list(OLD_PATHS.items()))
+def test_an_old_path_still_works_and_warns(path, name):
+    done = _python(f"import warnings; warnings.simplefilter('always')\nfrom {path} import {name}\nimport attnft\n"
+                   f"assert {name} is getattr(attnft, {name!r})")
+    assert done.returncode == 0, done.stderr
+    assert "DeprecationWarning" in done.stderr and f"{path} is deprecated" in done.stderr
+    assert _python(f"import {path}", "-W", "error::DeprecationWarning").returncode != 0
+
+
+def test_model_cards_name_the_new_paths():
+    import inspect
+
+    from attnft.adapters import cards
+    from attnft.models import hf_library
+
+    for module in (cards, hf_library):
+        source = inspect.getsource(module)
+        assert "from attnft import" in source
+        assert not [path for path in OLD_PATHS if f"from {path} import" in source]
