@@ -7,6 +7,7 @@ With an adapter, the model, resolution and eval transform default to the adapter
 numbers match those its fine-tuning run reported.
 """
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -83,7 +84,7 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     from .. import bundled  # noqa: F401  registers the default model in timm
     from ..data import (build_transforms, check_inat_category, collate_skipping_failures, load_task, quiet_datasets,
                         with_transform)
-    from ..core.errors import ConfigError
+    from ..core.errors import AdapterError, ConfigError
     from ..training.evaluate import evaluate
     from ..adapters.store import find_adapter
 
@@ -136,6 +137,10 @@ def evaluate_model(cfg: EvalConfig) -> dict:
                         num_workers=cfg.workers, collate_fn=collate_skipping_failures)
     model, loader = accelerator.prepare(model, loader)
     result = evaluate(model, loader, task.label_names, accelerator, progress=progress)
+    if result.num_samples and not math.isfinite(result.loss):  # NaN logits would score as one class
+        what = f"adapter {cfg.adapter}" if found is not None else model_name
+        raise AdapterError(f"{what} gives non-finite logits on {task.name} (evaluation loss {result.loss}): its "
+                           "weights or its data config (mean, std) are broken; attnft adapters verify checks them")
     return {
         "model": model_name,
         "adapter": str(found.path) if found is not None else None,

@@ -222,9 +222,27 @@ def check_replaceable_file(path: PathLike, what: str) -> None:
     except OSError as e:
         raise io_error(e, f"writing {what} to {path}") from None
     if not stat.S_ISREG(mode):
-        kind = ("a folder" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode)
-                else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device")
-        raise StoreError(f"{path} is {kind}, not a regular file: attnft writes {what} only to a new or regular file")
+        raise StoreError(f"{path} is {entry_kind(mode)}, not a regular file: attnft writes {what} only to a new or "
+                         "regular file")
+
+
+def entry_kind(mode: int) -> str:
+    """What a file-system entry of ``st_mode`` is, in words: ``a folder``, ``a FIFO``, ``a device``, ..."""
+    return ("a regular file" if stat.S_ISREG(mode) else "a folder" if stat.S_ISDIR(mode) else "a symbolic link"
+            if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device")
+
+
+def why_not_a_file(path: PathLike) -> Optional[str]:
+    """None if ``path`` is a regular file (through symlinks); else what it is instead, in words: ``does not exist``,
+    ``is a device, not a regular file``, ... (a FIFO or device is never opened: reading it would block or never end)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist" if not os.path.lexists(path) else "is a symbolic link to a missing file"
+    except OSError as e:
+        return f"cannot be read ({(e.strerror or str(e)).lower()})"
+    return None if stat.S_ISREG(mode) else f"is {entry_kind(mode)}, not a regular file"
 
 
 def _fsync(path: Path) -> None:

@@ -17,6 +17,7 @@ import types
 import typing
 from typing import Any
 
+from .files import why_not_a_file
 from .errors import ConfigError
 
 TRUE_WORDS = ("true", "yes", "on", "1")
@@ -168,8 +169,9 @@ def load_recipe(path: str, config_cls: type) -> dict[str, Any]:
     """
     import yaml
 
-    if not os.path.isfile(path):
-        raise ConfigError(f"recipe {path} not found")
+    why = why_not_a_file(path)
+    if why is not None:
+        raise ConfigError(f"recipe {path} {'not found' if why == 'does not exist' else why}: pass a YAML file")
     try:
         if os.path.getsize(path) > MAX_RECIPE_BYTES:
             raise ConfigError(f"recipe {path} is over {MAX_RECIPE_BYTES >> 20} MB: a recipe is a list of key: value lines")

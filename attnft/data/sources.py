@@ -106,11 +106,16 @@ def is_hub_id(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
 
 
+_MAX_KIND_DEPTH = 3
+
+
 def _local_kind(directory: str) -> str:
     """"saved" (save_to_disk), "images" (an image folder), "files" (data files) or "empty"."""
     if any(os.path.isfile(os.path.join(directory, marker)) for marker in ("dataset_dict.json", "state.json")):
         return "saved"
-    for _, _, files in os.walk(directory):
+    for root, dirs, files in os.walk(directory):
+        if root.count(os.sep) - directory.rstrip(os.sep).count(os.sep) >= _MAX_KIND_DEPTH:
+            dirs.clear()  # train/<class>/<image> is as deep as a dataset's layout goes: never walk a whole disk
         for file in files:
             extension = os.path.splitext(file)[1].lower()
             if extension in folders.IMAGE_EXTENSIONS:
@@ -239,6 +244,13 @@ def load_hub(path: str, source: str, train_split, eval_split, streaming, data_di
         raise DataError(f"no data files for {source}: {error}") from None
     except datasets.exceptions.DatasetGenerationError as error:
         raise DataError(f"cannot prepare {source}: {error.__cause__ or error}") from None
+    except (IndexError, KeyError, TypeError) as error:
+        if not os.path.isdir(path):
+            raise  # a hub dataset's own bug, not the user's folder
+        # a folder datasets' builders cannot read (its files of mixed kinds, a whole file system: --dataset /)
+        raise DataError(f"cannot read {source} as a dataset ({type(error).__name__}: {short(str(error))}): pass a folder "
+                        "of images (train/ and val/ or test/, or class folders), data files, or a save_to_disk "
+                        "folder") from None
     splits = [_concatenate([loaded[part] for part in split.split("+")]) if split else None
               for split in (train_split, eval_split)]
     return Loaded(source, splits[0], splits[1], train_split, eval_split, data_files=data_files)

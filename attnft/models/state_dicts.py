@@ -12,6 +12,7 @@ import safetensors.torch
 import torch
 from timm.models import clean_state_dict
 
+from ..core.files import why_not_a_file
 from ..core.errors import AdapterError
 
 
@@ -34,8 +35,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         inside = f" (in it: {_few(found)})" if found else ""
         raise AdapterError(f"checkpoint {path} is a directory, not a file{inside}: pass the weights file, or "
                            f"--model local-dir:{path} for a timm folder with config.json")
-    if not path.is_file():
-        raise AdapterError(f"checkpoint {path} does not exist")
+    why = why_not_a_file(path)
+    if why is not None:
+        raise AdapterError(f"checkpoint {path} {why}: pass a .safetensors or .pth weights file")
     try:
         if path.suffix == ".safetensors":
             content = safetensors.torch.load_file(str(path), device="cpu")

@@ -21,7 +21,7 @@ from ..core.parsing import (  # noqa: F401  re-exported: the config's parsing, o
     TASK_DEFAULT, add_config_arguments, check_split_spec, coerce_fields, config_from_args, from_dict, load_recipe, max_workers,
     option, parse_background, parse_bool,
 )
-from .config_checks import OPTIMIZERS, PRECISIONS, check_eval_settings, check_finetune_settings
+from .config_checks import DEFAULT_EMA_DECAY, OPTIMIZERS, PRECISIONS, check_eval_settings, check_finetune_settings
 
 if TYPE_CHECKING:
     from ..tuning.defaults import TrainingDefaults
@@ -191,7 +191,7 @@ class FinetuneConfig:
                                         group=OPTIM)
     model_ema: bool = _opt(False, "evaluate and save an exponential moving average of the trained weights (timm's "
                            "ModelEmaV3)", group=OPTIM)
-    model_ema_decay: float = _opt(0.9998, "EMA decay per optimizer step, in (0, 1) (timm's train.py default)",
+    model_ema_decay: float = _opt(DEFAULT_EMA_DECAY, "EMA decay per optimizer step, in (0, 1) (timm's train.py default)",
                                   group=OPTIM)
     model_ema_warmup: bool = _opt(False, "ramp the EMA decay up as timm does (1 - (1 + step)^-2/3, at most the decay): "
                                   "for runs shorter than about 1 / (1 - decay) steps", group=OPTIM)

@@ -27,6 +27,7 @@ MAX_SEED = 2**32 - 1  # numpy's and Accelerate's set_seed take 32 bits
 MAX_RANDOM_ERASING_COUNT = 100  # timm draws each region in a loop: beyond this, a run only stalls
 MAX_REPEATED_AUG = 64
 MAX_COLOR_JITTER = 10.0  # factors up to 11x: every image already white or black
+DEFAULT_EMA_DECAY = 0.9998  # timm's train.py default (FinetuneConfig.model_ema_decay)
 
 
 def check_finetune_settings(cfg) -> None:
@@ -70,6 +71,8 @@ def check_finetune_settings(cfg) -> None:
     _require(cfg.layer_decay is None or 0 < cfg.layer_decay <= 1,
              f"layer_decay must be in (0, 1], got {cfg.layer_decay}")
     _require(0 < cfg.model_ema_decay < 1, f"model_ema_decay must be in (0, 1), got {cfg.model_ema_decay}")
+    _require(cfg.model_ema or (cfg.model_ema_decay == DEFAULT_EMA_DECAY and not cfg.model_ema_warmup),
+             "--model-ema-decay and --model-ema-warmup set the model EMA: add --model-ema (without it they do nothing)")
     _require(0 <= cfg.seed <= MAX_SEED, f"seed must be between 0 and {MAX_SEED}, got {cfg.seed}")
     _require(cfg.max_train is None or cfg.max_train >= 1, "max_train must be at least 1")
     _require(cfg.max_eval is None or cfg.max_eval >= 1, "max_eval must be at least 1")

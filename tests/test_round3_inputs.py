@@ -1,0 +1,50 @@
+"""Robustness, round three, section 3: training flags and data that used to be ignored, crash or say the wrong thing
+are one line and exit 2, with nothing written."""
+import json
+import os
+
+import pytest
+
+from attnft.cli import main
+from test_runner import _fails_cleanly
+
+
+def _tiny(tmp_path, *extra):
+    return ["finetune", "--model", "vit_fmnist_patch4_28", "--max-train", "64", "--max-eval", "32", "--steps", "1",
+            "--batch-size", "32", "--workers", "0", "--no-progress", "--output-dir", str(tmp_path / "run"),
+            "--store", str(tmp_path / "store"), *extra]
+
+
+@pytest.mark.parametrize("flags", [["--model-ema-decay", "0.5"], ["--model-ema-warmup"]])
+def test_ema_settings_without_model_ema_are_refused(capsys, tmp_path, flags):
+    _fails_cleanly(capsys, _tiny(tmp_path, *flags), words=["add --model-ema"], untouched=[tmp_path])
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_or_recipe_that_is_no_regular_file_is_named_for_what_it_is(capsys, tmp_path):
+    os.mkfifo(tmp_path / "fifo")  # outside the folder checked untouched: reading a FIFO would block
+    work = tmp_path / "work"
+    work.mkdir()
+    for flags, words in ((["--checkpoint", "/dev/zero"], ["/dev/zero is a device"]),
+                         (["--checkpoint", str(tmp_path / "fifo")], ["is a FIFO"]),
+                         (["--recipe", "/dev/null"], ["recipe /dev/null is a device"]),
+                         (["--recipe", str(work / "none.yaml")], ["not found"])):
+        _fails_cleanly(capsys, _tiny(work, *flags), words=words, untouched=[work])
+    assert not any(work.iterdir())
+
+
+def test_the_root_of_the_file_system_as_a_dataset_is_one_line(capsys, tmp_path):
+    _fails_cleanly(capsys, _tiny(tmp_path, "--dataset", "/"), words=["cannot read local copy / as a dataset"],
+                   untouched=[tmp_path])
+    _fails_cleanly(capsys, ["eval", "--model", "vit_fmnist_patch4_28", "--dataset", "/", "--workers", "0"],
+                   words=["cannot read local copy / as a dataset"], untouched=[tmp_path])
+
+
+def test_eval_of_an_adapter_whose_logits_are_not_finite_is_an_error_naming_it(capsys, tmp_path):
+    assert main(_tiny(tmp_path, "--name", "broken")) == 0
+    config = tmp_path / "store" / "broken" / "adapter_config.json"
+    data = json.loads(config.read_text())
+    data["data_config"]["mean"] = [1e308] * 3
+    config.write_text(json.dumps(data))
+    _fails_cleanly(capsys, ["eval", "--adapter", "broken", "--store", str(tmp_path / "store"), "--max-eval", "32",
+                            "--workers", "0"], words=["adapter broken gives non-finite logits"], untouched=[tmp_path])
