@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -390,3 +391,114 @@ def test_a_thin_image_its_resize_would_blow_up_is_refused_before_it_is_resized(s
     assert "would be resized to" in response.json()["error"]
     assert _peak_rss_mb(server.process.pid) - before < 100
     assert server.classify("shirts", png(8)).status_code == 200
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_half_precision_server_answers_the_top_1_of_fp32(store, offline, tmp_path, precision):
+    """The base's fingerprint is taken from its float32 weights before the cast (a bf16 copy hashes to another, and
+    every request was answered 503): over HTTP, every task's top-1 is fp32's on images that fp32 is sure of."""
+    with Server(store, tmp_path, "--precision", precision, "--tasks", "shirts,shoes,lora-a") as half:
+        agreed = checked = 0
+        for task in ("shirts", "shoes", "lora-a"):
+            for seed in range(12):
+                expected = offline.probabilities(task, png(seed))
+                response = half.classify(task, png(seed), top_k=1)
+                assert response.status_code == 200, response.text
+                top2 = expected.topk(2).values
+                if top2[0] - top2[1] > 0.02:  # not a near tie, which half precision may flip
+                    checked += 1
+                    agreed += response.json()["predictions"][0]["index"] == int(expected.argmax())
+        assert checked >= 10 and agreed == checked
+
+
+# --- connections: every slow, idle or half-sent one is bounded (real sockets) ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def strict(store, tmp_path_factory):
+    with Server(store, tmp_path_factory.mktemp("strict"), "--tasks", "shirts", "--header-timeout", "1",
+                "--timeout-keep-alive", "1", "--body-timeout", "2", "--graceful-timeout", "2",
+                "--limit-concurrency", "8") as server:
+        yield server
+
+
+def _connect(server) -> "socket.socket":
+    import socket
+
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _closed_within(sock, seconds: float, trickle: bytes = b"") -> float:
+    """Seconds until the server closes ``sock`` (reading b"" or a reset), sending ``trickle`` a byte a 0.3 s; at most
+    ``seconds``, else an AssertionError."""
+    import socket
+
+    start = time.monotonic()
+    sock.settimeout(0.3)
+    sent = 0
+    while time.monotonic() - start < seconds:
+        try:
+            if sock.recv(4096) == b"":
+                return time.monotonic() - start
+        except socket.timeout:
+            pass
+        except (ConnectionResetError, BrokenPipeError):
+            return time.monotonic() - start
+        if sent < len(trickle):
+            try:
+                sock.send(trickle[sent:sent + 1])
+            except (ConnectionResetError, BrokenPipeError):
+                return time.monotonic() - start
+            sent += 1
+    raise AssertionError(f"the connection was still open after {seconds} s")
+
+
+def test_a_silent_connection_is_closed_after_the_header_timeout(strict):
+    with _connect(strict) as sock:
+        assert _closed_within(sock, 8) < 5
+
+
+def test_a_slowloris_sending_a_header_byte_at_a_time_is_closed(strict):
+    with _connect(strict) as sock:
+        sock.send(b"GET /healthz HTTP/1.1\r\n")
+        assert _closed_within(sock, 8, trickle=b"X-Slow: " + b"a" * 100) < 5
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_the_keep_alive_timeout(strict):
+    with _connect(strict) as sock:
+        sock.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(10)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        assert _closed_within(sock, 8) < 5
+
+
+def test_a_half_sent_body_gets_408_and_other_requests_are_served_meanwhile(strict):
+    with _connect(strict) as sock:
+        sock.send(b"POST /v1/tasks/shirts/classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                  b"Content-Length: 5000\r\n\r\n" + png(3)[:100])
+        assert strict.classify("shirts", png(4)).status_code == 200  # the half-sent body holds nobody else
+        sock.settimeout(10)
+        reply = sock.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 408") and b"body_timeout" in reply
+
+
+def test_sigterm_stops_the_server_within_the_graceful_timeout_while_a_client_holds_a_half_sent_body(store, tmp_path):
+    with Server(store, tmp_path, "--tasks", "shirts", "--graceful-timeout", "1", "--body-timeout", "600") as server:
+        with _connect(server) as sock:
+            sock.send(b"POST /v1/tasks/shirts/classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                      b"Content-Length: 5000\r\n\r\n" + png(3)[:100])
+            time.sleep(0.5)
+            start = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            server.process.wait(timeout=30)
+            assert time.monotonic() - start < 10 and server.process.returncode == 0
+
+
+@pytest.mark.parametrize("flag, value, words", [("--header-timeout", "0", "header_timeout must be in (0"),
+                                                ("--limit-concurrency", "0", "limit_concurrency must be from 1"),
+                                                ("--graceful-timeout", "-1", "graceful_timeout must be in (0")])
+def test_a_timeout_or_limit_out_of_range_is_one_line(capsys, store, flag, value, words):
+    assert main(["serve", "--store", str(store.root), "--port", "0", flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and words in err, err

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from PIL import Image
 
     from .. import bundled  # noqa: F401  registers the bundled models in timm
+    from ..multitask.connections import protocol_with_deadline
     from ..multitask.http import create_app
     from ..multitask.service import Service
 
@@ -55,8 +56,11 @@ def run(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     print("\n".join(service.describe(url)), flush=True)
-    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning", access_log=config.access_log,
-                                           lifespan="on", timeout_graceful_shutdown=None))
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(service), log_level="warning", access_log=config.access_log, lifespan="on",
+        http=protocol_with_deadline(config.header_timeout), timeout_keep_alive=config.timeout_keep_alive,
+        limit_concurrency=config.limit_concurrency, timeout_graceful_shutdown=config.graceful_timeout,
+    ))
     stopped_by: list[int] = []
     # uvicorn drains, then raises the signal again for the handler it found: ours notes it, so a requested stop exits 0
     previous = {sig: signal.signal(sig, lambda number, frame: stopped_by.append(number))

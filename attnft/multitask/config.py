@@ -15,6 +15,7 @@ from ..core.errors import ConfigError
 from ..core.parsing import coerce_fields, option, parse_bytes
 
 PRECISIONS = ("no", "bf16", "fp16")
+MAX_TIMEOUT_S = 86_400.0  # a day
 MAX_WAIT_MS = 10_000.0  # beyond this a lone request waits longer than any client would
 SERVER, ENGINE, LIMITS = "server", "engine", "limits"
 
@@ -51,6 +52,14 @@ class ServeConfig:
     max_body: str = _opt("10MB", "largest request body; larger ones get 413", metavar="SIZE", group=LIMITS)
     max_queue: int = _opt(256, "images admitted and not yet in a batch; beyond it requests get 503 with Retry-After",
                           group=LIMITS)
+    limit_concurrency: int = _opt(256, "connections and requests at once; beyond it uvicorn answers 503", group=LIMITS)
+    timeout_keep_alive: float = _opt(5.0, "seconds an idle kept-alive connection stays open", group=LIMITS)
+    header_timeout: float = _opt(10.0, "seconds a request's headers may take from the connection (or the previous "
+                                 "response): a slow or silent client is disconnected", group=LIMITS)
+    body_timeout: float = _opt(30.0, "seconds a request's body may take once its headers are in; beyond it 408",
+                               group=LIMITS)
+    graceful_timeout: float = _opt(5.0, "seconds SIGTERM / SIGINT waits for requests in flight before the server "
+                                   "exits anyway", group=LIMITS)
 
     def __post_init__(self) -> None:
         coerce_fields(self)
@@ -59,6 +68,11 @@ class ServeConfig:
         _require(0 <= self.max_wait_ms <= MAX_WAIT_MS, f"max_wait_ms must be in [0, {MAX_WAIT_MS:g}], got {self.max_wait_ms}")
         _require(self.workers >= 1, "workers must be at least 1")
         _require(self.max_queue >= 1, "max_queue must be at least 1")
+        _require(1 <= self.limit_concurrency <= 1_000_000, f"limit_concurrency must be from 1 to 1000000, got "
+                 f"{self.limit_concurrency}")
+        for name in ("timeout_keep_alive", "header_timeout", "body_timeout", "graceful_timeout"):
+            value = getattr(self, name)
+            _require(0 < value <= MAX_TIMEOUT_S, f"{name} must be in (0, {MAX_TIMEOUT_S:g}] seconds, got {value}")
         _require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
         _require(self.host.strip() != "", "host must not be empty")
         for name in ("memory_budget", "max_body"):

@@ -73,7 +73,7 @@ async def classify(service: "Service", request: Request) -> Response:
         reason = service.pager.failure(entry)
         if reason is not None:
             raise RequestError(503, "adapter_unavailable", reason)
-        body = await _read_body(request, service.max_body)
+        body = await _read_body(request, service.max_body, service.body_timeout)
         images, top_k, batch = await _parse_body(request, body, service.batcher.max_queue)
         top_k = check_top_k(top_k, entry.num_classes)
         answers = await _classify(service, entry, images, top_k)
@@ -140,21 +140,26 @@ def _answer_json(entry: TaskEntry, answers: list[Answer], batch: bool) -> dict:
     return body
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, at most ``limit`` bytes (413 beyond, told by Content-Length or counted as it arrives)."""
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The body, at most ``limit`` bytes (413 beyond, told by Content-Length or counted as it arrives), within
+    ``timeout_s`` seconds (408 beyond: a client that sends half a body never holds the server)."""
     too_large = RequestError(413, "too_large", f"the body is over --max-body ({limit} bytes)")
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise too_large
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
     except ClientDisconnect:
         raise RequestError(400, "disconnected", "the client went away before sending the whole body") from None
+    except TimeoutError:
+        raise RequestError(408, "body_timeout", f"the body did not arrive within --body-timeout ({timeout_s:g} s)",
+                           headers={"connection": "close"}) from None
     return b"".join(chunks)
 
 

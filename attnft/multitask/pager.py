@@ -243,16 +243,11 @@ class AdapterPager:
             self.metrics.resident_bytes.set(self.resident_bytes())
 
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
 def _create_backbone(key: BaseKey, checkpoint: Optional[str], device: torch.device, dtype: torch.dtype) -> Backbone:
     """The base of ``key`` with its pretrained weights (or ``checkpoint``), on ``device`` in ``dtype``, and its server."""
     from ..models import create_model
 
-    base = create_model(key.model_name, checkpoint=checkpoint, img_size=key.input_size)
-    base = base.to(device=device, dtype=dtype).eval()
-    size = _storage_bytes(base)
+    base = create_model(key.model_name, checkpoint=checkpoint, img_size=key.input_size).eval()
     if key.format == "peft":
         from .peft_serving import PeftMultiTask  # imports peft
 
@@ -261,7 +256,9 @@ def _create_backbone(key: BaseKey, checkpoint: Optional[str], device: torch.devi
         from .model import MultiTaskModel
 
         server = MultiTaskModel(base)
-    return Backbone(key, server, size)
+    server.base_fingerprint  # of the float32 weights the adapters were trained on: a bf16 copy hashes to another
+    base.to(device=device, dtype=dtype)  # in place: the server's base, now at the serving dtype
+    return Backbone(key, server, _storage_bytes(base))
 
 
 def _storage_bytes(model: nn.Module) -> int:

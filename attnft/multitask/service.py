@@ -49,6 +49,7 @@ class Service:
         self.preprocessor = Preprocessor()
         self.executor = ThreadPoolExecutor(config.workers, thread_name_prefix="attnft-decode")
         self.max_body = config.max_body_bytes
+        self.body_timeout = config.body_timeout
 
     def _create_backbones(self, entries: list[TaskEntry]) -> None:
         keys = list(dict.fromkeys(entry.base for entry in entries if entry.base is not None))
