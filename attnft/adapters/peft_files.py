@@ -100,11 +100,15 @@ def verify_peft_adapter(path: Union[str, os.PathLike]) -> PeftAdapterInfo:
         config = PeftConfig.from_pretrained(str(info.path))
         with safetensors.safe_open(str(weights), framework="pt") as f:
             keys = list(f.keys())
+            shapes = {key: list(f.get_slice(key).get_shape()) for key in keys}
     except Exception as e:  # peft and safetensors raise many kinds on a broken file
         raise AdapterError(f"{info.path} cannot be read by peft: {e}") from None
     method = PEFT_METHODS.get(info.method)
     if method is None or config.peft_type != method.peft_type:
         raise AdapterError(f"{info.path}: {CONFIG_FILE} holds a {config.peft_type} adapter, {SIDECAR_FILE} says {info.method}")
+    mismatch = method.shape_mismatch(config, shapes)
+    if mismatch is not None:
+        raise AdapterError(f"{info.path / CONFIG_FILE} does not describe its weights: {mismatch}")
     names = [unprefixed(k) for k in keys]
     missing = [t for t in [*info.targets, *info.head_modules] if not any(is_under(n, t) for n in names)]
     if missing:

@@ -14,6 +14,8 @@ from typing import Any, Optional
 from .errors import AdapterError
 from .parsing import short
 
+MEAN_RANGE = (-10.0, 10.0)  # of a data config, on pixels in [0, 1] (timm's are within 0-1)
+STD_RANGE = (1e-3, 100.0)
 MAX_INPUT_SIDE = 4096  # pixels: 65k tokens at 16 px patches, beyond any ViT's fine-tuning size
 MAX_CLASSES = 1_000_000
 MIN_CROP_PCT = 0.1  # the eval resize is res / crop_pct: below this the images only grow out of memory
@@ -65,13 +67,15 @@ class Fields:
         if (not isinstance(size, list) or len(size) != 3 or not all(_is_int(v) for v in size)
                 or size[0] not in (1, 3) or not all(1 <= v <= MAX_INPUT_SIDE for v in size[1:])):
             self.fail("data_config.input_size", f"must be [3, H, W] with H, W from 1 to {MAX_INPUT_SIDE}, got {_short(size)}")
-        if input_size is not None and size[-1] != input_size:
-            self.fail("data_config.input_size", f"is {size[-1]} px, the adapter's input_size {input_size}")
-        for key, positive in (("mean", False), ("std", True)):
+        if input_size is not None and (size[1] != input_size or size[2] != input_size):
+            self.fail("data_config.input_size", f"is {size[1]}x{size[2]} px, not the adapter's input_size "
+                      f"{input_size}x{input_size}")
+        # pixels are in [0, 1] before normalising: a mean or std far outside it makes every logit inf or NaN
+        for key, (low, high) in (("mean", MEAN_RANGE), ("std", STD_RANGE)):
             numbers = value.get(key)
             if (not isinstance(numbers, list) or len(numbers) not in (1, 3) or not all(_is_number(v) for v in numbers)
-                    or (positive and not all(v > 0 for v in numbers))):
-                self.fail(f"data_config.{key}", f"must be 1 or 3 finite numbers{' above 0' if positive else ''}, got {_short(numbers)}")
+                    or not all(low <= v <= high for v in numbers)):
+                self.fail(f"data_config.{key}", f"must be 1 or 3 numbers from {low:g} to {high:g}, got {_short(numbers)}")
         crop = value.get("crop_pct", 1.0)
         if crop is not None and (not _is_number(crop) or not MIN_CROP_PCT <= crop <= 1):
             self.fail("data_config.crop_pct", f"must be in [{MIN_CROP_PCT}, 1], got {_short(crop)}")

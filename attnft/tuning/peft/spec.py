@@ -86,6 +86,21 @@ def _linear_or_ungrouped_conv(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) or (isinstance(module, nn.Conv2d) and module.groups == 1)
 
 
+def _lora_rank_mismatch(config, shapes: dict[str, list[int]]) -> Optional[str]:
+    """Where a LoRA adapter's weights disagree with its config's rank (``r``, or its ``rank_pattern``)."""
+    pattern = getattr(config, "rank_pattern", None) or {}
+    for name, shape in shapes.items():
+        if ".lora_A." in name and not pattern and shape and shape[0] != config.r:
+            return f"{name} has rank {shape[0]}, its config's r is {config.r}"
+        if ".lora_B." in name and not pattern and len(shape) > 1 and shape[1] != config.r:
+            return f"{name} has rank {shape[1]}, its config's r is {config.r}"
+    return None
+
+
+def _no_shape_rule(config, shapes: dict[str, list[int]]) -> Optional[str]:
+    return None
+
+
 @dataclass(frozen=True)
 class PeftMethod:
     """How one peft method is configured; every method has the same shape."""
@@ -98,11 +113,13 @@ class PeftMethod:
     mixed_batches: bool  # peft runs several of its adapters in one batch (adapter_names=...)
     summary: str  # one line for listings (attnft policies)
     defaults: TrainingDefaults  # its own learning rate (benchmarks/lr_grid.py decided it)
+    shape_mismatch: Callable[[Any, dict], Optional[str]] = _no_shape_rule  # (peft config, name -> shape): what is off
 
 
 PEFT_METHODS: dict[str, PeftMethod] = {
     "lora": PeftMethod("lora", "LORA", LoraOptions, _lora_config, _linear_or_ungrouped_conv, True, "low-rank update of each targeted weight",
-                       TrainingDefaults(2e-3, "V-PETL Bench's FGVC range 2e-4 to 2e-3, OSU's 1e-3, peft's guide 5e-3; lr_grid")),
+                       TrainingDefaults(2e-3, "V-PETL Bench's FGVC range 2e-4 to 2e-3, OSU's 1e-3, peft's guide 5e-3; lr_grid"),
+                       _lora_rank_mismatch),
     "ia3": PeftMethod("ia3", "IA3", IA3Options, _ia3_config, _linear_or_conv, False, "learned scaling of each targeted module's output (FFN: input)",
                       TrainingDefaults(1e-2, "scales start at 1 and move little at a block weight's rate (SSF-like methods: 1e-3 to 5e-3); lr_grid")),
 }
