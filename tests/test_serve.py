@@ -520,3 +520,35 @@ def test_a_timeout_or_limit_out_of_range_is_one_line(capsys, store, flag, value,
     assert main(["serve", "--store", str(store.root), "--port", "0", flag, value]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and words in err, err
+
+
+def test_a_deeply_nested_json_body_is_a_400(server):
+    response = server.client.post("/v1/tasks/shirts/classify", content=b"[" * 100_000 + b"]" * 100_000,
+                                  headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["kind"] == "bad_json", response.text
+    assert server.classify("shirts", png(11)).status_code == 200
+
+
+def test_a_symlink_loop_or_a_link_out_of_the_store_is_not_served(store, tmp_path):
+    import shutil
+
+    local = AdapterStore(tmp_path / "store")
+    shutil.copytree(store.path("shirts"), local.path("shirts"))
+    shutil.copytree(store.path("shoes"), tmp_path / "elsewhere")
+    (local.root / "loop").symlink_to(local.root / "loop")
+    (local.root / "outside").symlink_to(tmp_path / "elsewhere")
+    with Server(local, tmp_path) as served:
+        names = [task["name"] for task in served.client.get("/v1/tasks").json()["tasks"]]
+        assert names == ["shirts"]
+        for name in ("loop", "outside"):
+            assert served.classify(name, png(1)).status_code == 404
+        assert served.classify("shirts", png(1)).status_code == 200
+        assert "Traceback" not in served.stderr()
+
+
+@pytest.mark.parametrize("flags, words", [(["--device", "meta"], "attnft serves on cpu, cuda, mps"),
+                                          (["--host", "a" * 300], "is not a host name or address")])
+def test_a_device_or_host_that_cannot_serve_is_one_line(capsys, store, flags, words):
+    assert main(["serve", "--store", str(store.root), "--port", "0", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and words in err, err

@@ -92,7 +92,10 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
-        raise ConfigError(f"--host {host}: {e.strerror}") from None
+        raise ConfigError(f"--host {host[:80]}: {e.strerror}") from None
+    except (UnicodeError, ValueError) as e:  # a label over 63 characters, a name over 253: the IDNA codec refuses it
+        raise ConfigError(f"--host {host[:80]}{'...' if len(host) > 80 else ''} is not a host name or address "
+                          f"({e.__class__.__name__}: {str(e)[:80]})") from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -157,16 +157,26 @@ class StoreCatalog:
 
 
 def _signature(path: Path) -> Optional[Signature]:
-    """The identity of an adapter folder now; None if it is not an adapter folder (gone, or not one)."""
+    """The identity of an adapter folder now; None if it is not an adapter folder (gone, not one, a symlink loop,
+    unreadable, or a link out of the store: served only as it would be imported, from the store itself)."""
+    if path.is_symlink() and not _inside(path, path.parent):
+        return None  # as import refuses links: what one points to out of the store could be anything anywhere
     try:
         parts = [os.stat(path), os.stat(path / CONFIG_FILE)]
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # FileNotFoundError, NotADirectoryError, ELOOP, EACCES, ...
         return None
     try:
         parts.append(os.stat(path / WEIGHTS_FILE))
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:
         pass  # served as an error: the config says what is missing
     return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in parts)
+
+
+def _inside(link: Path, root: Path) -> bool:
+    try:
+        return link.resolve(strict=True).parent == root.resolve(strict=True)
+    except (OSError, RuntimeError):  # a loop, a missing target
+        return False
 
 
 def _read_entry(name: str, path: Path, signature: Signature) -> TaskEntry:

@@ -81,6 +81,8 @@ def parse_json_body(body: bytes) -> tuple[list[bytes], Optional[Any], bool]:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise RequestError(400, "bad_json", "the body is not valid JSON") from None
+    except RecursionError:  # [[[[...]]]] 100,000 deep: the parser's stack, not ours, is what it attacks
+        raise RequestError(400, "bad_json", "the JSON body nests too deeply") from None
     if not isinstance(data, dict) or ("image" not in data and "images" not in data):
         raise RequestError(400, "missing_field", 'a JSON body needs "image" (base64) or "images" (a list of base64 strings)')
     if "image" in data and "images" in data:

@@ -126,6 +126,9 @@ class Service:
         self.executor.shutdown(wait=True)
 
 
+SERVING_DEVICES = ("cpu", "cuda", "mps")
+
+
 def _device(name: Optional[str]) -> torch.device:
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -133,6 +136,11 @@ def _device(name: Optional[str]) -> torch.device:
         device = torch.device(name)
     except (RuntimeError, ValueError):
         raise ConfigError(f"--device {name!r} is not a device: use cpu, cuda or cuda:N") from None
+    if device.type not in SERVING_DEVICES:
+        raise ConfigError(f"--device {name}: attnft serves on {', '.join(SERVING_DEVICES)} (a {device.type} device "
+                          "holds no weights it can compute with here)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {name}: no MPS device is available here")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device {name}: no CUDA device is available here")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
