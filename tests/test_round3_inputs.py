@@ -40,11 +40,40 @@ def test_the_root_of_the_file_system_as_a_dataset_is_one_line(capsys, tmp_path):
                    words=["cannot read local copy / as a dataset"], untouched=[tmp_path])
 
 
-def test_eval_of_an_adapter_whose_logits_are_not_finite_is_an_error_naming_it(capsys, tmp_path):
+def test_eval_of_an_adapter_whose_data_config_makes_logits_non_finite_is_refused_by_field(capsys, tmp_path):
+    """A mean of 1e308 made every logit NaN, scored as one class (top-1 6.25, exit 0): now refused by its field,
+    and a model whose logits are not finite anyway is an error naming it (commands/evaluate.py)."""
     assert main(_tiny(tmp_path, "--name", "broken")) == 0
     config = tmp_path / "store" / "broken" / "adapter_config.json"
     data = json.loads(config.read_text())
     data["data_config"]["mean"] = [1e308] * 3
     config.write_text(json.dumps(data))
     _fails_cleanly(capsys, ["eval", "--adapter", "broken", "--store", str(tmp_path / "store"), "--max-eval", "32",
-                            "--workers", "0"], words=["adapter broken gives non-finite logits"], untouched=[tmp_path])
+                            "--workers", "0"], words=["broken", "data_config.mean must be"], untouched=[tmp_path])
+
+
+@pytest.mark.parametrize("flags, words", [(["--epochs", "\u0663"], "invalid int value"),
+                                          (["--lr", "\u0661.\u0665"], "invalid float value"),
+                                          (["--background", "\u0661,\u0662,\u0663"], "background must be")])
+def test_numbers_are_ascii_digits_only(capsys, tmp_path, flags, words):
+    try:
+        code = main(_tiny(tmp_path, *flags))
+    except SystemExit as e:  # argparse's own refusal, one line and exit 2 (attnft.cli's parser)
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and words in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_policy_spec_of_ten_thousand_characters_is_refused_before_anything(capsys, tmp_path):
+    _fails_cleanly(capsys, _tiny(tmp_path, "--policy", "attn" + "+norm" * 2000), words=["at most 256"],
+                   untouched=[tmp_path])
+
+
+def test_the_server_reads_top_k_in_ascii_digits_only():
+    from attnft.multitask.inputs import RequestError, check_top_k
+
+    assert check_top_k("3", 5) == 3
+    with pytest.raises(RequestError, match="top_k must be an integer"):
+        check_top_k("\u0663", 5)

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from .errors import AdapterError
 from .parsing import short
 
+MAX_TEXT_LENGTH = 4096  # a path's PATH_MAX: a model name, a version, a policy spec
 MEAN_RANGE = (-10.0, 10.0)  # of a data config, on pixels in [0, 1] (timm's are within 0-1)
 STD_RANGE = (1e-3, 100.0)
 MAX_INPUT_SIDE = 4096  # pixels: 65k tokens at 16 px patches, beyond any ViT's fine-tuning size
@@ -36,9 +37,11 @@ class Fields:
     def fail(self, name: str, why: str) -> None:
         raise AdapterError(f"{self.source}: {name} {why}")
 
-    def text(self, name: str, value: Any, *, empty: bool = False) -> None:
+    def text(self, name: str, value: Any, *, empty: bool = False, max_length: int = MAX_TEXT_LENGTH) -> None:
         if not isinstance(value, str) or (not empty and not value.strip()):
             self.fail(name, f"must be {'' if empty else 'non-empty '}text, got {_short(value)}")
+        if len(value) > max_length:
+            self.fail(name, f"must be at most {max_length:,} characters, got {len(value):,}")
 
     def integer(self, name: str, value: Any, low: int, high: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:

@@ -57,7 +57,7 @@ def parse_background(text: str):
     if word == "mean":
         return word
     parts = word.split(",")
-    if len(parts) == 3 and all(p.strip().isdigit() and int(p) <= 255 for p in parts):
+    if len(parts) == 3 and all(p.strip().isascii() and p.strip().isdigit() and int(p) <= 255 for p in parts):
         return tuple(int(p) for p in parts)
     raise ValueError(f"background must be white, black, mean or R,G,B with each 0-255, got {text[:40]!r}")
 
@@ -107,6 +107,26 @@ def max_workers() -> int:
     return 4 * (os.cpu_count() or 1)
 
 
+def ascii_int(text: str) -> int:
+    """``int(text)`` for ASCII digits only (Python's ``int`` also reads ``"٣"`` as 3; argparse users expect ASCII)."""
+    if not str(text).isascii():
+        raise ValueError(f"invalid int value: {text!r}")
+    return int(text)
+
+
+ascii_int.__name__ = "int"  # argparse names the type in its message: "invalid int value: '٣'"
+
+
+def ascii_float(text: str) -> float:
+    """``float(text)`` for ASCII text only (``float("١.٥")`` is 1.5)."""
+    if not str(text).isascii():
+        raise ValueError(f"invalid float value: {text!r}")
+    return float(text)
+
+
+ascii_float.__name__ = "float"
+
+
 def option(default: Any, help: str, *, choices: tuple | None = None, group: str = "", metavar: str | None = None) -> Any:
     """A config field with the help text (and choices, group, metavar) of its flag (:func:`add_config_arguments`)."""
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "group": group, "metavar": metavar})
@@ -137,10 +157,11 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_cls: type, reci
         if kind is bool:
             groups[name].add_argument(flag, action=argparse.BooleanOptionalAction, **common)
         elif kind is tuple:
-            groups[name].add_argument(flag, nargs=2, type=float, metavar=("LOW", "HIGH"), **common)
+            groups[name].add_argument(flag, nargs=2, type=ascii_float, metavar=("LOW", "HIGH"), **common)
         else:
             metavar = f.metadata.get("metavar") or ("N" if kind is int else "X" if kind is float else None)
-            groups[name].add_argument(flag, type=kind, choices=f.metadata.get("choices"), metavar=metavar, **common)
+            parse = {int: ascii_int, float: ascii_float}.get(kind, kind)
+            groups[name].add_argument(flag, type=parse, choices=f.metadata.get("choices"), metavar=metavar, **common)
 
 
 def config_from_args(config_cls: type, args: argparse.Namespace):
@@ -326,11 +347,11 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
         if kind is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
-            return int(value)
+            return ascii_int(value) if isinstance(value, str) else int(value)
         if kind is float:
             if isinstance(value, bool):
                 raise ValueError
-            return float(value)
+            return ascii_float(value) if isinstance(value, str) else float(value)
         if kind is str:
             if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                 raise ValueError

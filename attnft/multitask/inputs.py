@@ -111,7 +111,7 @@ def check_top_k(value: Any, num_classes: int) -> int:
     upper bound); RequestError otherwise."""
     if value is None:
         return min(DEFAULT_TOP_K, num_classes) if num_classes > 0 else DEFAULT_TOP_K
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and value.isascii() and value.strip().lstrip("-").isdigit():
         value = int(value)
     limit = num_classes if num_classes > 0 else None  # a config without a class count: the logits decide
     if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (limit is not None and value > limit):

@@ -25,6 +25,8 @@ from .defaults import TrainingDefaults
 from .fingerprint import BaseSnapshot
 from .policy import Policy, PolicyReport, apply_policy, check_blocks, resolve_policy
 
+MAX_SPEC_LENGTH = 256
+
 if TYPE_CHECKING:
     from .peft.spec import PeftPolicy
     from .peft.model import PeftReport
@@ -145,6 +147,9 @@ def parse_method(spec: str) -> Method:
 
     Imports no peft (seconds): that waits for :meth:`Method.apply` of a peft method.
     """
+    if isinstance(spec, str) and len(spec) > MAX_SPEC_LENGTH:  # it is stored in every adapter and printed in reports
+        raise UnknownPolicyError(f"policy spec of {len(spec):,} characters: a spec is at most {MAX_SPEC_LENGTH}, "
+                                 "e.g. 'attn+norm@8-11' or 'lora+ffn:r=16,alpha=32'")
     try:
         policy = resolve_policy(spec)
     except UnknownPolicyError:
