@@ -51,6 +51,7 @@ class Job:
     top_k: int
     reply: Callable[[Answer], None]
     enqueued: float = field(default_factory=time.monotonic)
+    answered: bool = False  # its reply was called (once, ever)
 
 
 class Batcher:
@@ -154,9 +155,28 @@ class Batcher:
         for job in batch:  # one server call per backbone (and input shape)
             groups.setdefault((job.entry.base, tuple(job.image.shape)), []).append(job)
         for jobs in groups.values():
-            self._run_group(jobs)
+            self._run_isolated(jobs)
         if self.metrics is not None:
             self.metrics.model_seconds.observe(time.monotonic() - started)
+
+    def _run_isolated(self, jobs: list[Job]) -> None:
+        """The jobs of one backbone; if their mixed call fails, each task's again alone, so that a task that cannot
+        run (its adapter broken in a way no check foresaw) answers 500 alone and the others are answered."""
+        try:
+            self._run_group(jobs)
+            return
+        except Exception as e:  # noqa: BLE001  one task's failure must not cost the tasks that shared its batch
+            by_task: dict[str, list[Job]] = {}
+            for job in jobs:
+                if not job.answered:
+                    by_task.setdefault(job.entry.name, []).append(job)
+            if len(by_task) <= 1:
+                logger.exception("batch of %d images of task %s failed", len(jobs), jobs[0].entry.name)
+                for job in jobs:
+                    _reply(job, Answer(error=f"internal error: {first_line(e)}", status=500, kind="internal"))
+                return
+        for task_jobs in by_task.values():
+            self._run_isolated(task_jobs)
 
     def _run_group(self, jobs: list[Job]) -> None:
         """Jobs of one backbone: load their tasks, in rounds when they do not all fit in the budget at once."""
@@ -201,6 +221,9 @@ class Batcher:
 
 
 def _reply(job: Job, answer: Answer) -> None:
+    if job.answered:
+        return
+    job.answered = True
     try:
         job.reply(answer)
     except Exception:  # noqa: BLE001  one client's callback must not fail the others of its batch
