@@ -77,3 +77,19 @@ def test_the_server_reads_top_k_in_ascii_digits_only():
     assert check_top_k("3", 5) == 3
     with pytest.raises(RequestError, match="top_k must be an integer"):
         check_top_k("\u0663", 5)
+
+
+def test_every_decompression_bomb_quotes_the_one_pixel_limit():
+    from PIL import Image
+
+    from attnft.data import decode_image
+    from serve_helpers import png_header
+
+    limit = f"{Image.MAX_IMAGE_PIXELS:,}"
+    for width in (10_000, 30_000):  # PIL warns about the first, refuses the second (beyond twice its limit) itself
+        with pytest.raises(Image.DecompressionBombError, match=f"over the limit of {limit} pixels"):
+            decode_image(png_header(width, width), max_pixels=Image.MAX_IMAGE_PIXELS)
+
+
+def test_a_store_on_a_virtual_file_system_is_named_for_what_it_is(capsys, tmp_path):
+    _fails_cleanly(capsys, _tiny(tmp_path, "--store", "/proc"), words=["virtual file system"], untouched=[tmp_path])

@@ -117,7 +117,11 @@ class AdapterStore:
         if not os.access(folder, os.W_OK | os.X_OK):
             read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
             raise StoreError(f"{'read-only file system' if read_only else 'permission denied'} writing adapter {name} to {self.root}")
-        free = shutil.disk_usage(folder).free
+        usage = shutil.disk_usage(folder)
+        if usage.total == 0:  # /proc, /sys: a virtual file system holds no files of ours, whatever its permissions
+            raise StoreError(f"the store {self.root} is on a virtual file system ({folder} holds no regular files): "
+                             f"pass --store a folder on a disk (or set ${STORE_ENV})")
+        free = usage.free
         if free < max(needed_bytes, 1):
             needed = f", {needed_bytes} needed" if needed_bytes else ""
             raise StoreError(f"no space left on device writing adapter {name} to {self.root} ({free} bytes free{needed})")

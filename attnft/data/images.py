@@ -13,6 +13,7 @@ wrapper simply does not yield it.
 import io
 import logging
 import os
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -65,6 +66,24 @@ def decode_image(value: Any, *, max_pixels: int | None = None, formats: Sequence
     decoded (PIL itself only warns below twice its ``MAX_IMAGE_PIXELS``); ``formats``: the PIL
     formats tried (None: every one PIL has).
     """
+    try:
+        image = _open(value, formats)
+    except Image.DecompressionBombError as e:  # PIL refuses beyond twice its limit, quoting that: say ours, once
+        size = re.search(r"\((\d+) pixels\)", str(e))
+        limit = max_pixels if max_pixels is not None else Image.MAX_IMAGE_PIXELS
+        raise Image.DecompressionBombError(
+            f"image of {int(size.group(1)):,} pixels is over the limit of {limit:,} pixels: a decompression bomb?"
+            if size else f"image is over the limit of {limit:,} pixels: a decompression bomb?") from None
+    if max_pixels is not None and image.width * image.height > max_pixels:
+        raise Image.DecompressionBombError(
+            f"image of {image.width}x{image.height} pixels is over the limit of {max_pixels:,} pixels: a decompression bomb?"
+        )
+    image.load()  # open() is lazy: truncated or corrupt data only fails here
+    return to_rgb_or_rgba(image)
+
+
+def _open(value: Any, formats: Sequence[str] | None) -> Image.Image:
+    """The PIL image of a stored value, opened (lazily: its header only)."""
     if isinstance(value, Image.Image):
         image = value
     elif isinstance(value, (np.ndarray, list)):  # arrays, or Array features read as nested lists
@@ -82,12 +101,7 @@ def decode_image(value: Any, *, max_pixels: int | None = None, formats: Sequence
             raise ValueError("image entry has neither bytes nor path")
     else:
         raise TypeError(f"cannot decode an image from {type(value).__name__}")
-    if max_pixels is not None and image.width * image.height > max_pixels:
-        raise Image.DecompressionBombError(
-            f"image of {image.width}x{image.height} pixels is over the limit of {max_pixels} pixels: a decompression bomb?"
-        )
-    image.load()  # open() is lazy: truncated or corrupt data only fails here
-    return to_rgb_or_rgba(image)
+    return image
 
 
 def describe_image(value: Any, index: int, source: str) -> str:
