@@ -3,6 +3,7 @@ parsed, then every value finite. Tensors come from safetensors; nothing is unpic
 from __future__ import annotations
 
 import json
+import hashlib
 from pathlib import Path
 from typing import Mapping, Optional
 
@@ -45,7 +46,10 @@ def read_adapter(path: PathLike) -> Adapter:
 
 
 def _read_verified(path: Path, keep: bool) -> tuple[AdapterConfig, dict[str, torch.Tensor]]:
-    """Every check of :func:`verify_adapter`, cheapest first; the tensors too if ``keep``."""
+    """Every check of :func:`verify_adapter`, cheapest first; the tensors too if ``keep``.
+
+    With ``keep`` the weights file is read once, and its tensors come from the very bytes whose sha256 matched the
+    config: an adapter rewritten while it is read (served, say) is refused, never loaded half old and half new."""
     config = read_config(path)
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
@@ -53,13 +57,43 @@ def _read_verified(path: Path, keep: bool) -> tuple[AdapterConfig, dict[str, tor
     size = weights.stat().st_size
     if config.weights_bytes and size != config.weights_bytes:
         raise AdapterError(f"{weights} has {size} bytes, its config says {config.weights_bytes}: truncated or replaced")
-    header = safetensors_header(weights)
+    data = weights.read_bytes() if keep else None
+    header = _header_of(data, weights) if keep else safetensors_header(weights)
     _check_header_matches_config(header, config, weights)
-    if sha256_file(weights) != config.weights_sha256:
+    digest = hashlib.sha256(data).hexdigest() if keep else sha256_file(weights)
+    if digest != config.weights_sha256:
         raise AdapterError(f"{weights} does not match the sha256 in its config: the file is corrupted or was replaced")
     head = {name: header[name]["shape"] for name, entry in config.tensors.items() if entry.get("role") == str(Role.HEAD)}
     check_num_classes(head, config.num_classes, str(path / CONFIG_FILE))
-    return config, check_finite_file(weights, keep=keep)
+    if not keep:
+        return config, check_finite_file(weights)
+    return config, _finite_tensors(data, weights)
+
+
+def _header_of(data: bytes, weights: Path) -> dict[str, dict]:
+    """The header of safetensors ``data`` as :func:`safetensors_header` gives it (the offsets are checked on load)."""
+    try:
+        length = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + length])
+        return {name: {"dtype": entry["dtype"], "shape": list(entry["shape"])}
+                for name, entry in header.items() if name != "__metadata__"}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise AdapterError(f"{weights} has a corrupted header ({e.__class__.__name__})") from None
+
+
+def _finite_tensors(data: bytes, weights: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    try:
+        tensors = load(data)
+    except SafetensorError as e:
+        raise AdapterError(f"{weights} cannot be read: {e}") from None
+    for name, tensor in tensors.items():
+        bad = _nonfinite_count(tensor)
+        if bad:
+            raise AdapterError(f"{weights}: {name} holds {bad} NaN/inf values of {tensor.numel()}: the adapter is broken")
+    return tensors
 
 
 def safetensors_header(weights: Path) -> dict[str, dict]:
