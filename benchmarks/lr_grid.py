@@ -68,6 +68,13 @@ def render(rows: list[dict]) -> str:
         scored = {lr: v for lr, v in at.items() if v is not None}
         best_lr = max(scored, key=scored.get) if scored else None
         default = next((r for r in group if r["lr"] is None), None)
+        if default is None:  # no run without --lr: the grid's point at the policy's default (batch 64) as attnft has it
+            from attnft.tuning.methods import parse_method
+
+            lr = parse_method(policy).defaults.lr_for(64)
+            point = next((r for r in group if r["lr"] is not None and abs(r["lr"] - lr) < 1e-12), None)
+            if point is not None:
+                default = dict(point, lr_line=f"lr {lr:g}, its grid point")
         best = f"{scored[best_lr]:.2f} ({best_lr:g})" if best_lr is not None else ""
         if default is not None and default["top1"] is not None and best_lr is not None:
             used = default["lr_line"].split(":")[0].removeprefix("lr ")

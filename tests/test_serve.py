@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -422,9 +423,7 @@ def strict(store, tmp_path_factory):
         yield server
 
 
-def _connect(server) -> "socket.socket":
-    import socket
-
+def _connect(server) -> socket.socket:
     host, port = server.url.removeprefix("http://").split(":")
     return socket.create_connection((host, int(port)), timeout=10)
 
@@ -432,8 +431,6 @@ def _connect(server) -> "socket.socket":
 def _closed_within(sock, seconds: float, trickle: bytes = b"") -> float:
     """Seconds until the server closes ``sock`` (reading b"" or a reset), sending ``trickle`` a byte a 0.3 s; at most
     ``seconds``, else an AssertionError."""
-    import socket
-
     start = time.monotonic()
     sock.settimeout(0.3)
     sent = 0
@@ -456,8 +453,6 @@ def _closed_within(sock, seconds: float, trickle: bytes = b"") -> float:
 
 def _read_until_closed(sock, seconds: float) -> bytes:
     """What the server sends until it closes ``sock`` (a reply may come in several segments), at most ``seconds``."""
-    import socket
-
     data, deadline = b"", time.monotonic() + seconds
     sock.settimeout(0.5)
     while time.monotonic() < deadline:

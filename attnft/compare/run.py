@@ -9,6 +9,7 @@ but the chosen adapters, which land in the store as ``compare-TASK-POLICY``.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -96,6 +97,8 @@ def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
                 names={p: f"compare-{task}-{slug(p)}"[:128] for p in policies},
                 ident={p: search.identity(ft, p, cfg.holdout) for p in policies},
                 study_base=cfg.study or f"attnft-compare-{task}")
+    if importlib.util.find_spec("matplotlib") is None:  # compare.png, at the end: say it before any run
+        raise ConfigError("attnft compare needs matplotlib for its picture: pip install 'attnft[compare]'")
     check_outside_attnft_folders(folder, "--output-dir")
     check_outside_store(folder, "--output-dir", store.root)
     _check_compare_folder(folder, plan.ident[policies[0]])
