@@ -1,7 +1,7 @@
 """The final runs: each policy's chosen settings trained on the whole training split and scored on the
 evaluation split, once per seed, each an ``attnft finetune --recipe`` in its own process.
 
-Its own process gives each run its own peak memory (the child's resident set, from ``wait4``) and
+Its own process gives each run its own peak memory (the child's resident set, its ``VmHWM``) and
 wall time. A run that finished (its ``result.json`` and the measurement beside it) is read back, not
 run again, so a comparison killed in this phase resumes here too.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -66,8 +65,7 @@ def run_final(ft: FinetuneConfig, policy: str, settings: Settings, seed: int, ru
     with open(log_path, "w") as log:
         child = subprocess.Popen([sys.executable, "-m", "attnft", "finetune", "--recipe", str(recipe)],
                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
+        peak_kb = _watch_peak_rss(child)
     wall = time.perf_counter() - start
     if child.returncode != 0:
         lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
@@ -77,10 +75,28 @@ def run_final(ft: FinetuneConfig, policy: str, settings: Settings, seed: int, ru
     run = FinalRun(seed=seed, top1=result["accuracy_after"], lr=_lr_of(run_dir),
                    trainable_params=result["trainable_params"], total_params=result["total_params"],
                    adapter_bytes=result["adapter_bytes"], full_checkpoint_bytes=result["full_checkpoint_bytes"],
-                   step_s=_step_seconds(run_dir, cfg.batch_size * cfg.grad_accum), peak_rss_mb=usage.ru_maxrss / 1024,
+                   step_s=_step_seconds(run_dir, cfg.batch_size * cfg.grad_accum), peak_rss_mb=peak_kb / 1024,
                    wall_s=round(wall, 2), adapter=name, store=str(store))
     write_text_atomically(measured, json.dumps(dataclasses.asdict(run), indent=2) + "\n", MEASURED_FILE)
     return run
+
+
+def _watch_peak_rss(child: subprocess.Popen, every_s: float = 0.1) -> int:
+    """The child's peak resident set (KiB) until it exits: its ``VmHWM``, read as it runs.
+
+    Not ``wait4``'s ``ru_maxrss``: Linux carries the parent's resident set into a child's across
+    fork and exec, so every run would read as large as this comparison's own process.
+    """
+    peak = 0
+    while child.poll() is None:
+        try:
+            for line in Path(f"/proc/{child.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]))
+        except (OSError, ValueError):
+            pass  # exiting, or no /proc (then the peak is unknown: 0)
+        time.sleep(every_s)
+    return peak
 
 
 def _lr_of(run_dir: Path) -> float:
