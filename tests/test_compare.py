@@ -126,9 +126,11 @@ def _finished_trials(out: Path, name: str) -> int:
     """Trials the study records as finished or pruned (0 before the study exists)."""
     if not (out / "study.db").exists():
         return 0
+    from sqlalchemy.exc import OperationalError
+
     try:
         return len([t for t in study_of(out, name).trials if t.state.name in ("COMPLETE", "PRUNED")])
-    except KeyError:  # the file is there, the study not yet
+    except (KeyError, OperationalError):  # the file is there, its tables or the study not yet (being created)
         return 0
 
 

@@ -73,15 +73,19 @@ def open_storage(url: str):
     optuna = require_optuna()
     from sqlalchemy.exc import SQLAlchemyError
 
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     engine_kwargs = {"connect_args": {"connect_timeout": 10}} if url.startswith(("postgresql", "mysql")) else {}
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-        except (IntegrityError, ProgrammingError):
+        except (IntegrityError, ProgrammingError, OperationalError) as e:
             # workers started together on an empty database race to create Optuna's tables: the loser finds them
-            if attempt == SCHEMA_ATTEMPTS - 1:
+            racing = not isinstance(e, OperationalError) or "already exists" in str(e)
+            if not racing or attempt == SCHEMA_ATTEMPTS - 1:
+                if not racing:
+                    reason = " ".join(str(getattr(e, "orig", None) or e).split())[:200]
+                    raise ConfigError(f"cannot use the study database {_safe_url(url)}: {reason}") from None
                 raise
             time.sleep(0.5 * (attempt + 1))
         except (SQLAlchemyError, ValueError, ImportError, OSError) as e:
