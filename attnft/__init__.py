@@ -9,8 +9,8 @@ Importing attnft registers its bundled models (``vit_fmnist_patch16_224``, the d
 ``vit_fmnist_patch32_224`` and ``vit_fmnist_patch4_28``) in timm's registry,
 without importing timm: see :mod:`attnft.registration`.
 """
-import importlib
 
+from .core.lazy import lazy_names
 from .core.version import __version__
 from .registration import register_bundled_models
 
@@ -44,14 +44,4 @@ _HOMES = {
 __all__ = ["__version__", *_HOMES]
 
 
-def __getattr__(name: str):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+__getattr__, __dir__ = lazy_names(globals(), _HOMES)

@@ -166,6 +166,7 @@ def fail_dead_trials(study) -> None:
 
 def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], None]) -> None:
     """Ask the study for trials and run them until it holds ``search`` that count; ``on_trial`` after each one."""
+    from optuna import TrialPruned
     from optuna.trial import TrialState
 
     fail_dead_trials(study)
@@ -180,7 +181,7 @@ def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], N
             break
         try:
             value = objective(trial)
-        except _pruned_error():
+        except TrialPruned:
             study.tell(trial, state=TrialState.PRUNED)
         except BaseException:
             study.tell(trial, state=TrialState.FAIL)
@@ -188,12 +189,6 @@ def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], N
         else:
             study.tell(trial, value)
         on_trial()
-
-
-def _pruned_error():
-    import optuna
-
-    return optuna.TrialPruned
 
 
 def wait_for_running(study, what: str, poll_s: float = 10.0, print_fn=print) -> None:

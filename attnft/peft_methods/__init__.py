@@ -7,8 +7,9 @@ adapter layer's (:mod:`attnft.adapters.peft_files`, :mod:`attnft.adapters.peft_s
 """
 from __future__ import annotations
 
-import importlib
 import warnings
+
+from ..core.lazy import lazy_names
 
 warnings.warn("attnft.peft_methods is deprecated and will be removed in the next release: from attnft import "
               "apply_peft_policy, load_peft_adapter, PeftMultiTask (their homes: attnft.tuning.peft, attnft.adapters)",
@@ -45,14 +46,4 @@ _HOMES = {
 __all__ = list(_HOMES)
 
 
-def __getattr__(name: str):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+__getattr__, __dir__ = lazy_names(globals(), _HOMES)
