@@ -32,9 +32,10 @@ GRID = [1e-4, 5e-4, 2e-3, 1e-2, 5e-2]
 HOLDS_WITHIN = 1.0  # points of top-1
 
 
-def run(folder: Path, base: str, policy: str, lr, seed: int, res, work: Path, max_train=None) -> dict:
-    """One run (``lr`` None: the policy's default); its top-1 and the lr it says it used."""
-    name = f"{folder.name}-{base}-{policy}-{lr or 'default'}-{seed}"
+def run(folder: Path, base: str, policy: str, lr, seed: int, res, work: Path, max_train=None, extra=()) -> dict:
+    """One run (``lr`` None: the policy's default); its top-1 and the lr it says it used. ``extra``: more
+    finetune flags (e.g. ``--warmup-epochs 1``), the same for every run."""
+    name = f"{folder.name}-{base}-{policy}-{lr or 'default'}-{seed}-{abs(hash(tuple(extra)))}"
     command = [sys.executable, "-m", "attnft", "finetune", "--model", base, "--dataset", str(folder),
                "--policy", policy, "--epochs", str(EPOCHS), "--seed", str(seed), "--store", str(work / "store"),
                "--output-dir", str(work / "runs" / name), "--name", name, "--no-progress"]
@@ -44,6 +45,7 @@ def run(folder: Path, base: str, policy: str, lr, seed: int, res, work: Path, ma
         command += ["--max-train", str(max_train)]
     if res not in (None, 28):
         command += ["--res", str(res)]
+    command += list(extra)
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
@@ -95,6 +97,7 @@ def main() -> None:
     parser.add_argument("--no-default", action="store_true", help="the grid only, no run at the policy's default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-train", type=int, default=None, help="a seeded subset of each task's training images")
+    parser.add_argument("--extra", default="", help="more finetune flags for every run, one string: '--warmup-epochs 1'")
     parser.add_argument("--bases", nargs="+", default=[BASE])
     parser.add_argument("--data-root", type=Path, default=Path(tempfile.gettempdir()) / "attnft-bench-data")
     parser.add_argument("--out", type=Path, default=None, help="write lr_grid.{json,md} here")
@@ -115,8 +118,9 @@ def main() -> None:
                 for policy in args.policies:
                     for lr in lrs:
                         row = dict(task=task, base=base, policy=policy, lr=lr, seed=args.seed, max_train=args.max_train,
+                                   extra=args.extra,
                                    **run(folder, base, policy, lr, args.seed, task_res(base, task_px), Path(work),
-                                         args.max_train))
+                                         args.max_train, args.extra.split()))
                         print(json.dumps(row), flush=True)
                         rows.append(row)
     table = render(rows)

@@ -35,6 +35,13 @@ def test_the_default_scales_linearly_with_the_global_batch():
                                              "batch of 128")
 
 
+def test_the_default_warmup_is_a_share_of_the_run():
+    defaults = TrainingDefaults(1e-2, "a test", warmup=0.2)
+    assert defaults.warmup_epochs_for(5) == pytest.approx(1.0) and defaults.warmup_epochs_for(1) == pytest.approx(0.2)
+    assert defaults.explain_warmup("lora", 5) == "warmup 1 epochs: lora's default, 20% of the run"
+    assert TrainingDefaults(1e-2, "a test").explain_warmup("attn", 5) == ""  # no warmup, nothing to say
+
+
 def _run(tmp_path, *extra):
     return ["finetune", "--model", "vit_fmnist_patch4_28", "--max-train", "64", "--max-eval", "32", "--steps", "1",
             "--workers", "0", "--no-progress", "--no-eval-before", "--output-dir", str(tmp_path / "run"),
@@ -47,8 +54,20 @@ def test_a_run_without_lr_uses_its_policys_default_at_its_global_batch_and_says_
     out = capsys.readouterr().out
     defaults = parse_method(policy).defaults
     expected = defaults.lr * batch * accum / 64
-    assert defaults.explain(policy, batch * accum) in out.splitlines()
-    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["lr"] == pytest.approx(expected)
+    line = next(line for line in out.splitlines() if line.startswith("lr "))
+    assert line.split("; ")[0] == defaults.explain(policy, batch * accum)
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["lr"] == pytest.approx(expected)
+    # the warmup: the method's share of the run (--steps 1 over 64 images at this global batch), said when there is one
+    epochs = batch * accum / 64
+    assert config["warmup_epochs"] == pytest.approx(defaults.warmup * epochs)
+    assert (defaults.warmup > 0) == ("warmup" in line)
+
+
+def test_warmup_epochs_on_the_command_line_wins(capsys, tmp_path):
+    assert main(_run(tmp_path, "--policy", "lora", "--batch-size", "32", "--warmup-epochs", "0")) == 0
+    assert "warmup" not in next(line for line in capsys.readouterr().out.splitlines() if line.startswith("lr "))
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["warmup_epochs"] == 0
 
 
 def test_lr_on_the_command_line_or_in_a_recipe_wins(capsys, tmp_path):

@@ -181,7 +181,9 @@ class FinetuneConfig:
                                "attn 5e-4, head 5e-2, lora 5e-3, at batch 64, scaled by global batch / 64; "
                                "attnft policies lists them)", group=OPTIM)
     min_lr: float = _opt(1e-6, "learning rate at the end of the cosine", group=OPTIM)
-    warmup_epochs: float = _opt(0.0, "linear warmup length in epochs (fractions allowed)", group=OPTIM)
+    warmup_epochs: Optional[float] = _opt(None, "linear warmup length in epochs, fractions allowed (default: the "
+                                          "policy's own share of the run, e.g. none for attn, 20%% for lora and ia3)",
+                                          group=OPTIM)
     weight_decay: float = _opt(0.05, "weight decay (never on biases, norms, position embeddings, tokens)",
                                group=OPTIM)
     momentum: float = _opt(0.9, "SGD momentum", group=OPTIM)
@@ -249,12 +251,19 @@ class FinetuneConfig:
             raise ValueError("aug is 'auto': resolve it first with with_aug_resolved(train_images)")
         return resolve_aug(self.aug, {name: getattr(self, name) for name in AUG_FIELDS if hasattr(self, name)})
 
+    def run_epochs(self, train_images: Optional[int], global_batch: int) -> float:
+        """The run's length in passes over its ``train_images`` (``--steps`` counted in them); a streamed split
+        of unknown length counts as one pass, as the schedule counts it."""
+        if not train_images:
+            return 1.0
+        return self.steps * global_batch / train_images if self.steps else float(self.epochs)
+
     def with_aug_resolved(self, train_images: Optional[int], global_batch: int) -> tuple["FinetuneConfig", str]:
         """This config with ``aug`` a level (``auto`` decided from the run's passes over its
         ``train_images``) and every augmentation field set, and why that level, in words."""
         if self.aug == "auto":
             if train_images:
-                epochs = self.steps * global_batch / train_images if self.steps else float(self.epochs)
+                epochs = self.run_epochs(train_images, global_batch)
                 level = auto_aug_level(epochs)
                 why = f"auto: {epochs:.3g} epochs over {train_images:,} images"
             else:  # a streamed split of unknown length: counted as one pass
@@ -268,12 +277,22 @@ class FinetuneConfig:
             values["crop_pct"] = aug.eval_crop_pct
         return dataclasses.replace(resolved, **values), why
 
-    def with_lr_resolved(self, defaults: "TrainingDefaults", method: str, global_batch: int) -> tuple["FinetuneConfig", str]:
-        """This config with ``lr`` set (``--lr`` or a recipe's wins; else the method's default at ``global_batch``),
-        and the run's line that says which and why: ``lr 2.0e-03: lora's default at batch 64``."""
-        if self.lr is not None:
-            return self, f"lr {self.lr:.1e}: as set (--lr or the recipe)"
-        return dataclasses.replace(self, lr=defaults.lr_for(global_batch)), defaults.explain(method, global_batch)
+    def with_lr_resolved(self, defaults: "TrainingDefaults", method: str, global_batch: int,
+                         train_images: Optional[int]) -> tuple["FinetuneConfig", str]:
+        """This config with ``lr`` and ``warmup_epochs`` set (``--lr``, ``--warmup-epochs`` or a recipe's win; else
+        the method's defaults at ``global_batch`` and the run's length), and the run's line that says which and why:
+        ``lr 2.0e-03: lora's default at batch 64; warmup 1 epochs: lora's default, 20% of the run``."""
+        cfg, reasons = self, []
+        if cfg.lr is not None:
+            reasons.append(f"lr {cfg.lr:.1e}: as set (--lr or the recipe)")
+        else:
+            cfg = dataclasses.replace(cfg, lr=defaults.lr_for(global_batch))
+            reasons.append(defaults.explain(method, global_batch))
+        if cfg.warmup_epochs is None:
+            epochs = cfg.run_epochs(train_images, global_batch)
+            cfg = dataclasses.replace(cfg, warmup_epochs=round(defaults.warmup_epochs_for(epochs), 6))
+            reasons.append(defaults.explain_warmup(method, epochs))
+        return cfg, "; ".join(reason for reason in reasons if reason)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat and YAML-safe (tuples as lists): a recipe that reproduces the run."""

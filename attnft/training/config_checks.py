@@ -45,7 +45,8 @@ def check_finetune_settings(cfg) -> None:
     _require(cfg.lr is None or 0 < cfg.lr <= MAX_LR, f"lr must be positive and at most {MAX_LR:g}, got {cfg.lr}")
     _require(0 <= cfg.min_lr <= (cfg.lr if cfg.lr is not None else MAX_LR),
              f"min_lr must be between 0 and lr ({cfg.lr}), got {cfg.min_lr}")
-    _require(0 <= cfg.warmup_epochs <= MAX_EPOCHS, f"warmup_epochs must be from 0 to {MAX_EPOCHS:,}, got {cfg.warmup_epochs:g}")
+    _require(cfg.warmup_epochs is None or 0 <= cfg.warmup_epochs <= MAX_EPOCHS,  # None: the method's share of the run
+             f"warmup_epochs must be from 0 to {MAX_EPOCHS:,}, got {cfg.warmup_epochs}")
     _require(cfg.weight_decay >= 0, "weight_decay must not be negative")
     # both optimizers scale the weights by (1 - lr * weight_decay) each step: at 1 or more they vanish or flip
     _require(cfg.lr is None or cfg.lr * cfg.weight_decay < 1, f"weight_decay x lr must be below 1 (each step multiplies the "

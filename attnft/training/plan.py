@@ -83,7 +83,7 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
 
     global_batch = cfg.batch_size * accelerator.num_processes * cfg.grad_accum
     cfg, aug_reason = cfg.with_aug_resolved(split_length(task.train), global_batch)
-    cfg, lr_reason = cfg.with_lr_resolved(method.defaults, method.family, global_batch)
+    cfg, lr_reason = cfg.with_lr_resolved(method.defaults, method.family, global_batch, split_length(task.train))
     if cfg.workers is None:  # from the machine's cores, and recorded in config.yaml as chosen
         cfg = dataclasses.replace(cfg, workers=default_workers(accelerator.num_processes))
     fits = head_fits(base_label_names(model), model.num_classes, task.label_names)
