@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from attnft.multitask.batcher import Batcher, Job
+from attnft.server.batcher import Batcher, Job
 
 
 def _job():

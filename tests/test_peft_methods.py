@@ -1,5 +1,5 @@
 """peft methods on the role map's modules: targets, training, saving in peft's format, multi-task serving
-(:class:`attnft.multitask.peft_serving.PeftMultiTask`)."""
+(:class:`attnft.multitask.peft_model.PeftMultiTask`)."""
 import copy
 import json
 import warnings
@@ -12,7 +12,7 @@ from torch import nn
 from attnft.adapters.record import AdapterRecord
 from attnft.core.errors import AdapterError, BaseMismatchError, StoreError, UnknownPolicyError
 from attnft.tuning.peft.spec import IA3Options, LoraOptions, PeftPolicy
-from attnft.multitask.peft_serving import PeftMultiTask
+from attnft.multitask.peft_model import PeftMultiTask
 from attnft.tuning.peft.targets import adapted_modules
 from attnft.tuning.peft.model import apply_peft_policy, param_groups
 from attnft.adapters.peft_sidecar import is_peft_adapter, read_peft_adapter

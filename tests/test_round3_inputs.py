@@ -72,7 +72,7 @@ def test_a_policy_spec_of_ten_thousand_characters_is_refused_before_anything(cap
 
 
 def test_the_server_reads_top_k_in_ascii_digits_only():
-    from attnft.multitask.inputs import RequestError, check_top_k
+    from attnft.server.inputs import RequestError, check_top_k
 
     assert check_top_k("3", 5) == 3
     with pytest.raises(RequestError, match="top_k must be an integer"):

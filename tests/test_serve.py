@@ -343,7 +343,7 @@ def test_an_empty_store_is_refused_at_start_up(tmp_path, capsys):
 def test_importing_attnft_and_running_other_commands_never_imports_the_http_libraries(tmp_path):
     code = (
         "import sys\n"
-        "import attnft, attnft.multitask, attnft.multitask.config\n"
+        "import attnft, attnft.multitask, attnft.server.config\n"
         "from attnft.cli import main\n"
         f"assert main(['adapters', 'list', '--store', {str(tmp_path)!r}]) == 0\n"
         "http = ('uvicorn', 'starlette', 'prometheus_client', 'multipart', 'python_multipart', 'httpx')\n"

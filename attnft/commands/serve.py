@@ -14,7 +14,7 @@ import socket
 import sys
 import warnings
 
-from ..multitask.config import ServeConfig
+from ..server.config import ServeConfig
 from ..core.parsing import add_config_arguments, config_from_args
 
 # the serve extra: distribution -> the modules that provide it (python-multipart renamed its module)
@@ -41,11 +41,11 @@ def run(args: argparse.Namespace) -> int:
     from PIL import Image
 
     from .. import bundled  # noqa: F401  registers the bundled models in timm
-    from ..multitask.connections import protocol_with_deadline
-    from ..multitask.http import create_app
-    from ..multitask.service import Service
+    from ..server.connections import protocol_with_deadline
+    from ..server.http import create_app
+    from ..server.service import Service
 
-    # the pixel limit is enforced as an error before decoding (attnft.multitask.inputs); PIL's warning is noise
+    # the pixel limit is enforced as an error before decoding (attnft.server.inputs); PIL's warning is noise
     warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
     sock = _bind(config.host, config.port)  # before minutes of loading: a taken port is a one-line error now
     try:

@@ -8,8 +8,8 @@ Example::
     outputs = model(images, tasks=["cars", "pets", "cars"])  # list: one (classes of its task,) tensor per sample
 
 peft adapters (``lora``, ``ia3`` policies) are served by
-:class:`attnft.multitask.peft_serving.PeftMultiTask`, which has the same calls (both are a
-:class:`attnft.multitask.serving.TaskServer`): ``from_store`` and ``from_adapters`` return one
+:class:`attnft.multitask.peft_model.PeftMultiTask`, which has the same calls (both are a
+:class:`attnft.multitask.base.TaskServer`): ``from_store`` and ``from_adapters`` return one
 when every task is a peft adapter. One base serves one format; a set mixing the two is refused.
 
 Threads. A forward call (``model(x, task=...)``, ``model(x, tasks=...)``, and ``model(x)``
@@ -35,12 +35,12 @@ from ..adapters.peft_sidecar import PeftAdapterInfo, is_peft_adapter
 from ..roles import RoleMap, build_role_map
 from . import routing
 from .routing import Group, Route
-from .serving import TaskServer
+from .base import TaskServer
 from .slots import SlotMap, find_slots
 from .tasks import ServedTask, TaskWeights, build_served_task
 
 if TYPE_CHECKING:
-    from .peft_serving import PeftMultiTask
+    from .peft_model import PeftMultiTask
 
 TaskSource = Union[TaskWeights, Adapter, str, os.PathLike, Mapping[str, torch.Tensor]]
 
@@ -70,12 +70,12 @@ class MultiTaskModel(TaskServer[ServedTask]):
         """Serve each ``name -> adapter`` (an Adapter, an adapter folder, or TaskWeights) on ``base_model``.
 
         When every adapter is a peft adapter (a folder, or its PeftAdapterInfo), a
-        :class:`attnft.multitask.peft_serving.PeftMultiTask` serves them; a mix of formats is an AdapterError.
+        :class:`attnft.multitask.peft_model.PeftMultiTask` serves them; a mix of formats is an AdapterError.
         """
         peft_tasks = [name for name, source in adapters.items() if _is_peft_source(source)]
         if peft_tasks:
             _refuse_mixed_formats(peft_tasks, list(adapters))
-            from .peft_serving import PeftMultiTask  # imports peft
+            from .peft_model import PeftMultiTask  # imports peft
 
             folders = {name: s if isinstance(s, (str, os.PathLike)) else s.path for name, s in adapters.items()}
             return PeftMultiTask.from_adapters(base_model, folders)
@@ -88,14 +88,14 @@ class MultiTaskModel(TaskServer[ServedTask]):
     def from_store(cls, store, names: Iterable[str], *, base_model: nn.Module) -> Union["MultiTaskModel", "PeftMultiTask"]:
         """Serve the adapters ``names`` of an :class:`attnft.adapters.store.AdapterStore` on ``base_model``.
 
-        When every one is a peft adapter, a :class:`attnft.multitask.peft_serving.PeftMultiTask` (same
+        When every one is a peft adapter, a :class:`attnft.multitask.peft_model.PeftMultiTask` (same
         calls) serves them; a mix of formats is an AdapterError.
         """
         names = list(names)
         peft_tasks = [name for name in names if store.format_name(name) == "peft"]
         if peft_tasks:
             _refuse_mixed_formats(peft_tasks, names)
-            from .peft_serving import PeftMultiTask  # imports peft
+            from .peft_model import PeftMultiTask  # imports peft
 
             return PeftMultiTask.from_store(store, names, base_model=base_model)
         return cls.from_adapters(base_model, {name: store.read(name) for name in names})

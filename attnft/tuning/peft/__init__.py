@@ -31,7 +31,7 @@ policy spec), :mod:`.targets` (the *where*: the role map's modules), :mod:`.mode
 the report, optimizer groups). Saving and reading a peft adapter folder is the adapter layer's:
 :mod:`attnft.adapters.peft_sidecar` (``attnft.json``, read without peft) and
 :mod:`attnft.adapters.peft_files` (save, verify, load, model card). Several adapters on one base are
-served by :class:`attnft.multitask.peft_serving.PeftMultiTask`. Whether a policy is a peft method at
+served by :class:`attnft.multitask.peft_model.PeftMultiTask`. Whether a policy is a peft method at
 all is decided in one place, :func:`attnft.tuning.methods.parse_method`.
 
 Importing this package imports no peft (seconds); :mod:`.model` does.

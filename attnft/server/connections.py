@@ -5,7 +5,7 @@ on every byte, and nothing bounds the wait for a first request: a slowloris clie
 every few seconds, or one that connects and sends nothing, holds a connection forever. Here the headers
 of each request must be complete within ``header_timeout`` seconds of the connection (or of the previous
 response), else the connection is closed. The body has its own deadline in the app
-(:func:`attnft.multitask.http.classify`: 408), and ``--limit-concurrency`` caps connections and tasks (503).
+(:func:`attnft.server.http.classify`: 408), and ``--limit-concurrency`` caps connections and tasks (503).
 """
 from __future__ import annotations
 

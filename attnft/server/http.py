@@ -1,4 +1,4 @@
-"""The HTTP API of ``attnft serve``, a Starlette app over a :class:`attnft.multitask.service.Service`.
+"""The HTTP API of ``attnft serve``, a Starlette app over a :class:`attnft.server.service.Service`.
 
     POST /v1/tasks/{task}/classify   an image as the body (image/png, image/jpeg, ...), multipart files,
                                      or JSON {"image": b64} / {"images": [b64, ...]}; top_k in the JSON,
@@ -9,7 +9,7 @@
 
 The event loop parses, looks the task up (a few stats of its folder) and awaits: decoding and
 preprocessing run in the service's thread pool, the model in its own thread
-(:mod:`attnft.multitask.batcher`). Every
+(:mod:`attnft.server.batcher`). Every
 refusal is JSON ``{"error": one line, "kind": ...}`` with a 4xx status, or 503 (full queue,
 with ``Retry-After``; an adapter that cannot be served); nothing a client sends stops the server.
 """

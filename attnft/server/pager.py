@@ -1,6 +1,6 @@
 """Backbones and loaded adapters within a memory budget: load on first use, unload the least recently used.
 
-One backbone per :class:`attnft.multitask.catalog.BaseKey` (a :class:`MultiTaskModel` for
+One backbone per :class:`attnft.server.catalog.BaseKey` (a :class:`MultiTaskModel` for
 attnft adapters, a :class:`PeftMultiTask` per peft method), created at start-up and kept.
 Adapters are loaded into their backbone's server when a batch first needs them; to make room,
 the least recently used adapters that the batch does not need are unloaded. Every method but
@@ -28,7 +28,7 @@ from .catalog import BaseKey, StoreCatalog, TaskEntry, UnknownTask
 
 if TYPE_CHECKING:
     from .metrics import ServeMetrics
-    from .serving import TaskServer
+    from ..multitask.base import TaskServer
 
 logger = logging.getLogger(__name__)
 LOAD_ATTEMPTS = 3  # a folder replaced while it was being loaded is loaded again
@@ -249,11 +249,11 @@ def _create_backbone(key: BaseKey, checkpoint: Optional[str], device: torch.devi
 
     base = create_model(key.model_name, checkpoint=checkpoint, img_size=key.input_size).eval()
     if key.format == "peft":
-        from .peft_serving import PeftMultiTask  # imports peft
+        from ..multitask.peft_model import PeftMultiTask  # imports peft
 
         server = PeftMultiTask(base)
     else:
-        from .model import MultiTaskModel
+        from ..multitask.model import MultiTaskModel
 
         server = MultiTaskModel(base)
     server.base_fingerprint  # of the float32 weights the adapters were trained on: a bf16 copy hashes to another

@@ -1,7 +1,7 @@
 """What both multi-task servers share: tasks by name, a default task, and the calls that dispatch.
 
 :class:`attnft.multitask.MultiTaskModel` (attnft adapters, routed attention) and
-:class:`attnft.multitask.peft_serving.PeftMultiTask` (peft adapters) differ only in how a
+:class:`attnft.multitask.peft_model.PeftMultiTask` (peft adapters) differ only in how a
 batch of one task, or of mixed tasks, runs (:meth:`TaskServer._forward`,
 :meth:`TaskServer._forward_mixed`); which task a call serves, and the checks on it, are here.
 """

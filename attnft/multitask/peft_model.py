@@ -1,7 +1,7 @@
 """One backbone serving several peft adapters, one task per call or per sample.
 
 The peft counterpart of :class:`attnft.multitask.MultiTaskModel`, with the same calls (the
-shared part is :class:`attnft.multitask.serving.TaskServer`)::
+shared part is :class:`attnft.multitask.base.TaskServer`)::
 
     model = PeftMultiTask.from_adapters(base, {"cars": "adapters/cars-lora", "pets": "adapters/pets-lora"})
     logits = model(images, task="cars")                      # (B, cars classes)
@@ -29,7 +29,7 @@ from ..adapters.peft_sidecar import PeftAdapterInfo
 from ..tuning.peft.names import unprefixed
 from ..tuning.peft.spec import PEFT_METHODS
 from ..roles import join_name
-from .serving import TaskServer
+from .base import TaskServer
 
 
 class PeftMultiTask(TaskServer[PeftAdapterInfo]):
