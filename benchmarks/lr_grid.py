@@ -71,7 +71,7 @@ def render(rows: list[dict]) -> str:
         best_lr = max(scored, key=scored.get) if scored else None
         default = next((r for r in group if r["lr"] is None), None)
         if default is None:  # no run without --lr: the grid's point at the policy's default (batch 64) as attnft has it
-            from attnft.tuning.methods import parse_method
+            from attnft.methods import parse_method
 
             lr = parse_method(policy).defaults.lr_for(64)
             point = next((r for r in group if r["lr"] is not None and abs(r["lr"] - lr) < 1e-12), None)

@@ -42,9 +42,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from attnft.tuning.memory import enable_ffn_recompute, enable_grad_checkpointing, trace_cpu_memory
-from attnft.tuning.methods import parse_method
-from attnft.tuning.peft.model import apply_peft_policy
-from attnft.tuning.policy import apply_policy
+from attnft.methods import parse_method
 from attnft.training.speed import maybe_compile
 
 
@@ -128,12 +126,8 @@ class Run:
         with torch.device(bench.device):  # initialised where it runs: fast on a GPU
             model = timm.create_model(bench.model, pretrained=False, img_size=res, **bench.model_kwargs)
         num_classes = model.num_classes
-        if parse_method(setup.policy).is_peft:
-            model, _ = apply_peft_policy(model, setup.policy)
-            backbone = model.get_base_model()
-        else:
-            apply_policy(model, setup.policy)
-            backbone = model
+        applied = parse_method(setup.policy).apply(model, capture_base=False)  # peft wraps the model, freezing does not
+        model, backbone = applied.model, applied.backbone
         if setup.memory == "ffn_recompute":
             enable_ffn_recompute(backbone)
         elif setup.memory == "grad_checkpointing":

@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from attnft.adapters.record import AdapterRecord
+from attnft.methods.record import AdapterRecord
 from attnft.adapters import BaseSnapshot
 from attnft.data import build_transforms, decode_image
 from attnft.models import create_model
 from attnft.multitask import MultiTaskModel
-from attnft.tuning.policy import apply_policy
+from attnft.methods.freeze.policy import apply_policy
 
 BASE = "vit_fmnist_patch4_28"
 TOLERANCE = 1e-5  # fp32

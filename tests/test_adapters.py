@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from attnft.adapters.record import AdapterRecord
+from attnft.methods.record import AdapterRecord
 from attnft.adapters import (
     CARD_FILE,
     CONFIG_FILE,
@@ -23,7 +23,7 @@ from attnft.adapters import (
 )
 from attnft.core.errors import AdapterError, BaseMismatchError, StoreError
 from attnft.adapters.merge import export_adapter
-from attnft.tuning.policy import apply_policy
+from attnft.methods.freeze.policy import apply_policy
 from tiny_models import tiny_input, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]

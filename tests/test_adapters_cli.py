@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from attnft.adapters.record import AdapterRecord
+from attnft.methods.record import AdapterRecord
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, BaseSnapshot
 from attnft.cli import main
-from attnft.tuning.policy import apply_policy
+from attnft.methods.freeze.policy import apply_policy
 from attnft.adapters.store import AdapterStore
 from tiny_models import tiny_input, tiny_model
 

@@ -10,7 +10,7 @@ from attnft.bundled import BUNDLED_MODEL_16, BUNDLED_MODEL_28, MEAN, STD, bundle
 from attnft.cli import main
 from attnft.training.config import DEFAULT_MODEL
 from attnft.data.fashion_mnist import BUNDLED_DIR, read_fashion_mnist
-from attnft.tuning.policy import apply_policy
+from attnft.methods.freeze.policy import apply_policy
 
 SAMPLE_IMAGES = 1000  # the whole shipped test sample: on 200 the two differ by chance (87.5 and 91.0)
 

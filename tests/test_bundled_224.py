@@ -14,7 +14,7 @@ from timm.layers import resample_abs_pos_embed
 
 from attnft.bundled import BUNDLED_MODEL_28, BUNDLED_MODEL_224, LABEL_NAMES, MEAN, STD, weights_path
 from attnft.data.fashion_mnist import BUNDLED_DIR, read_fashion_mnist
-from attnft.tuning.policy import apply_policy
+from attnft.methods.freeze.policy import apply_policy
 from snippets import clean_env
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ from PIL import Image
 
 from attnft.cli import main
 from attnft.data.fashion_mnist import LABEL_NAMES, read_fashion_mnist
-from attnft.tuning.peft.spec import PEFT_METHODS
-from attnft.tuning.policy import BASE_DEFAULTS
+from attnft.methods.peft.spec import PEFT_METHODS
+from attnft.methods.freeze.policy import BASE_DEFAULTS
 from test_runner import _fails_cleanly, _snapshot
 
 optuna = pytest.importorskip("optuna")

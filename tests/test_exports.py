@@ -8,13 +8,13 @@ import pytest
 import timm
 import torch
 
-from attnft.adapters.record import AdapterRecord
+from attnft.methods.record import AdapterRecord
 from attnft.adapters import BaseSnapshot
 from attnft.bundled import BUNDLED_MODEL_28, MEAN, STD
 from attnft.core.errors import AdapterError
 from attnft.adapters.merge import export_merged
 from attnft.models import create_model
-from attnft.tuning.policy import apply_policy
+from attnft.methods.freeze.policy import apply_policy
 from attnft.adapters.store import AdapterStore
 from snippets import clean_env, indented_block, python_blocks, run_with_logits
 from tiny_models import tiny_model

@@ -1,4 +1,5 @@
-"""Adapter formats: a folder's format is chosen once, and both formats answer the same calls the same way."""
+"""Adapter folders of every method family: a folder's family is told once, and every family answers the same calls the
+same way."""
 import os
 import subprocess
 import sys
@@ -8,9 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnft.adapters.record import AdapterRecord
+from attnft.methods.record import AdapterRecord
 from attnft.core.errors import AdapterError, ConfigError
-from attnft.adapters.formats import ATTNFT, PEFT, format_for, format_of, is_peft_adapter
+from attnft.methods import METHODS, method_of
+from attnft.methods.freeze.method import FREEZE as ATTNFT
+from attnft.methods.peft.method import PEFT
+from attnft.methods.peft.sidecar import is_peft_adapter
 from attnft.adapters.store import AdapterStore
 from test_store import trained
 from tiny_models import tiny_input, tiny_model
@@ -28,7 +32,7 @@ def attnft_trained():
 
 @pytest.fixture(scope="module")
 def peft_trained():
-    from attnft.tuning.peft.model import apply_peft_policy
+    from attnft.methods.peft.model import apply_peft_policy
 
     torch.manual_seed(0)
     with warnings.catch_warnings():
@@ -62,26 +66,30 @@ def store(tmp_path, attnft_trained, peft_trained):
 
 
 def test_a_folder_is_told_apart_by_peft_s_sidecar(store):
-    assert format_of(store.path("cars")) is ATTNFT and format_of(store.path("cars-lora")) is PEFT
+    assert method_of(store.path("cars")) is ATTNFT and method_of(store.path("cars-lora")) is PEFT
     assert not is_peft_adapter(store.path("cars")) and is_peft_adapter(store.path("cars-lora"))
-    assert store.format("cars") is ATTNFT and store.format_name("cars-lora") == "peft"
+    assert store.method("cars") is ATTNFT and store.format_name("cars-lora") == "peft"
 
 
 def test_a_report_picks_the_format_it_is_saved_in(attnft_trained, peft_trained):
-    assert format_for(attnft_trained[1]) is ATTNFT and format_for(peft_trained[1]) is PEFT
-    with pytest.raises(TypeError, match="PolicyReport or a PeftReport"):
-        format_for({"not": "a report"})
+    assert method_of(attnft_trained[1]) is ATTNFT and method_of(peft_trained[1]) is PEFT
+    with pytest.raises(TypeError, match="is no adapter"):
+        method_of({"not": "a report"})
+
+
+def test_every_family_is_registered_once_and_the_fallback_comes_last():
+    assert list(METHODS.values()) == [PEFT, ATTNFT] and all(name == m.name for name, m in METHODS.items())
 
 
 def test_a_folder_that_is_no_adapter_gets_attnft_s_errors(tmp_path):
-    assert format_of(tmp_path / "missing") is ATTNFT  # its read says what is missing
+    assert method_of(tmp_path / "missing") is ATTNFT  # its read says what is missing
     with pytest.raises(AdapterError, match="no adapter folder"):
         ATTNFT.config(tmp_path / "missing")
 
 
 @pytest.mark.parametrize("name", ["cars", "cars-lora"])
 def test_both_formats_record_the_same_keywords(store, name):
-    fmt = store.format(name)
+    fmt = store.method(name)
     config = fmt.verify(store.path(name))
     assert config.label_names == LABELS and config.num_classes == 4 and config.model_name == "vit_small_patch16_224"
     assert (config.training if fmt is ATTNFT else config.metadata) == TRAINING

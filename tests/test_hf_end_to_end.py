@@ -12,13 +12,13 @@ import torch
 from PIL import Image
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
-from attnft.adapters.record import AdapterRecord
+from attnft.methods.record import AdapterRecord
 from attnft.adapters import BaseSnapshot, load_adapter
 from attnft.cli import main
 from attnft.models import create_model
 from attnft.multitask import MultiTaskModel
-from attnft.tuning.peft.model import apply_peft_policy
-from attnft.tuning.policy import apply_policy
+from attnft.methods.peft.model import apply_peft_policy
+from attnft.methods.freeze.policy import apply_policy
 from attnft.adapters.store import AdapterStore
 from snippets import python_blocks, run_isolated, run_with_logits, uses_attnft
 

@@ -17,7 +17,7 @@ from attnft.cli import main
 from attnft.core.errors import AdapterError, ConfigError, OfflineError, UnknownModelError
 from attnft.models.hf_models import patch_side, processor_data_config
 from attnft.models import create_model, data_config, patch_grid
-from attnft.tuning.peft.model import apply_peft_policy
+from attnft.methods.peft.model import apply_peft_policy
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
             patch_size=8, num_labels=3)

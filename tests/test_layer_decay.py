@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 from timm.optim import param_groups_layer_decay
 
 from attnft.cli import main
-from attnft.tuning.methods import parse_method
+from attnft.methods import parse_method
 from attnft.training.schedule import warmup_cosine_schedule
 from test_runner import finetune_args, one_thread_and_private_caches, tiny  # noqa: F401
 from tiny_models import tiny_model

@@ -18,7 +18,7 @@ from attnft.tuning.memory import (
     trace_cpu_memory,
 )
 from attnft.tuning.recompute import is_checkpointed
-from attnft.tuning.policy import apply_policy
+from attnft.methods.freeze.policy import apply_policy
 from attnft.roles import Role, build_role_map
 from tiny_models import tiny_input, tiny_model
 

@@ -4,10 +4,10 @@ import pytest
 import yaml
 
 from attnft.cli import main
-from attnft.tuning.defaults import BASE_BATCH, TrainingDefaults
-from attnft.tuning.methods import parse_method
-from attnft.tuning.peft.spec import PEFT_METHODS
-from attnft.tuning.policy import BASE_DEFAULTS
+from attnft.methods.defaults import BASE_BATCH, TrainingDefaults
+from attnft.methods import parse_method
+from attnft.methods.peft.spec import PEFT_METHODS
+from attnft.methods.freeze.policy import BASE_DEFAULTS
 
 
 def test_every_method_family_has_its_own_default_with_a_source():

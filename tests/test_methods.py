@@ -11,8 +11,10 @@ from torch import nn
 
 from attnft.adapters import BaseSnapshot, compute_fingerprint
 from attnft.core.errors import UnknownPolicyError
-from attnft.tuning.methods import FreezingMethod, PeftPolicyMethod, parse_method
-from attnft.tuning.peft.spec import LoraOptions
+from attnft.methods import method_for_spec, parse_method
+from attnft.methods.freeze.method import FREEZE, FreezeTuning
+from attnft.methods.peft.method import PEFT, PeftTuning
+from attnft.methods.peft.spec import LoraOptions
 from tiny_models import tiny_input, tiny_model
 
 
@@ -26,12 +28,12 @@ def _quiet():
 
 @pytest.mark.parametrize(
     "spec, kind, blocks",
-    [("attn", FreezingMethod, None), ("attn+norm@0-1", FreezingMethod, {0, 1}), ("lora", PeftPolicyMethod, None),
-     ("lora:r=4", PeftPolicyMethod, None), ("ia3", PeftPolicyMethod, None), ("lora+ffn@1", PeftPolicyMethod, {1})],
+    [("attn", FreezeTuning, None), ("attn+norm@0-1", FreezeTuning, {0, 1}), ("lora", PeftTuning, None),
+     ("lora:r=4", PeftTuning, None), ("ia3", PeftTuning, None), ("lora+ffn@1", PeftTuning, {1})],
 )
 def test_a_spec_is_a_freezing_policy_or_a_peft_method(spec, kind, blocks):
     method = parse_method(spec)
-    assert type(method) is kind and method.is_peft == (kind is PeftPolicyMethod)
+    assert type(method) is kind and method.method is method_for_spec(spec) is (PEFT if kind is PeftTuning else FREEZE)
     assert method.spec == method.name == spec and method.blocks == blocks
 
 
@@ -50,7 +52,7 @@ def test_parsing_imports_no_peft():
     code = (
         "import sys\n"
         "from attnft.core.errors import UnknownPolicyError\n"
-        "from attnft.tuning.methods import parse_method\n"
+        "from attnft.methods import parse_method\n"
         "parse_method('attn+norm@0-1'), parse_method('lora+ffn:r=4')\n"
         "try:\n    parse_method('lora:rank=4')\nexcept UnknownPolicyError:\n    pass\n"
         "assert 'peft' not in sys.modules, 'peft was imported'\n"

@@ -5,11 +5,11 @@ import threading
 import pytest
 import torch
 
-from attnft.adapters.record import AdapterRecord
+from attnft.methods.record import AdapterRecord
 from attnft.adapters import BaseSnapshot, load_adapter
 from attnft.core.errors import AdapterError, BaseMismatchError, ConfigError
 from attnft.multitask import MultiTaskModel, TaskWeights
-from attnft.tuning.policy import apply_policy
+from attnft.methods.freeze.policy import apply_policy
 from attnft.roles import Role, build_role_map
 from attnft.adapters.store import AdapterStore
 from tiny_models import TINY_MODELS, tiny_input, tiny_model

@@ -9,17 +9,17 @@ import torch
 from peft import PeftModel
 from torch import nn
 
-from attnft.adapters.record import AdapterRecord
-from attnft.adapters import peft_sidecar
+from attnft.methods.record import AdapterRecord
+from attnft.methods.peft import sidecar as peft_sidecar
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterConfig, BaseSnapshot
 from attnft.cli import main
 from attnft.core.errors import AdapterError, StoreError, UnknownPolicyError
 from attnft.multitask import MultiTaskModel
-from attnft.adapters.peft_sidecar import PeftAdapterInfo, is_peft_adapter
+from attnft.methods.peft.sidecar import PeftAdapterInfo, is_peft_adapter
 from attnft.multitask import PeftMultiTask
-from attnft.tuning.peft.model import apply_peft_policy
-from attnft.tuning.peft.spec import PEFT_METHODS
-from attnft.tuning.policy import Policy, apply_policy
+from attnft.methods.peft.model import apply_peft_policy
+from attnft.methods.peft.spec import PEFT_METHODS
+from attnft.methods.freeze.policy import Policy, apply_policy
 from attnft.adapters.store import AdapterStore
 from tiny_models import tiny_input, tiny_model
 

@@ -9,16 +9,16 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 
-from attnft.adapters.record import AdapterRecord
+from attnft.methods.record import AdapterRecord
 from attnft.core.errors import AdapterError, BaseMismatchError, StoreError, UnknownPolicyError
-from attnft.tuning.peft.spec import IA3Options, LoraOptions, PeftPolicy
+from attnft.methods.peft.spec import IA3Options, LoraOptions, PeftPolicy
 from attnft.multitask.peft_model import PeftMultiTask
-from attnft.tuning.peft.targets import adapted_modules
-from attnft.tuning.peft.model import apply_peft_policy, param_groups
-from attnft.adapters.peft_sidecar import is_peft_adapter, read_peft_adapter
-from attnft.adapters.peft_files import load_peft_adapter, save_peft_adapter, verify_peft_adapter
-from attnft.tuning.peft.targets import peft_target_modules
-from attnft.tuning.policy import apply_policy
+from attnft.methods.peft.targets import adapted_modules
+from attnft.methods.peft.model import apply_peft_policy, param_groups
+from attnft.methods.peft.sidecar import is_peft_adapter, read_peft_adapter
+from attnft.methods.peft.files import load_peft_adapter, save_peft_adapter, verify_peft_adapter
+from attnft.methods.peft.targets import peft_target_modules
+from attnft.methods.freeze.policy import apply_policy
 from attnft.roles import Role, build_role_map
 from test_roles_transformers import FAMILIES as TRANSFORMERS_FAMILIES
 from tiny_models import TINY_MODELS, tiny_input, tiny_model

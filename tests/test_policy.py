@@ -4,7 +4,7 @@ import timm
 import torch
 
 from attnft.core.errors import NoAttentionError, UnknownPolicyError
-from attnft.tuning.policy import Policy, apply_policy
+from attnft.methods.freeze.policy import Policy, apply_policy
 from attnft.roles import Role, build_role_map
 from tiny_models import TINY_MODELS, tiny_input, tiny_model
 

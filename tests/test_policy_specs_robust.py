@@ -6,8 +6,8 @@ import pytest
 
 from attnft.cli import main
 from attnft.core.errors import AttnftError, UnknownPolicyError
-from attnft.tuning.methods import parse_method
-from attnft.tuning.policy import Policy, apply_policy
+from attnft.methods import parse_method
+from attnft.methods.freeze.policy import Policy, apply_policy
 from tiny_models import tiny_model
 
 
@@ -43,7 +43,7 @@ def test_a_policy_that_is_not_a_spec_raises_attnfts_own_error():
 
 
 def test_a_lora_rank_above_the_layers_width_is_refused_before_peft_allocates():
-    from attnft.tuning.peft.model import apply_peft_policy
+    from attnft.methods.peft.model import apply_peft_policy
 
     model = tiny_model("vit")  # 32 wide: qkv 32 -> 96
     with pytest.raises(UnknownPolicyError, match=r"r=97 is above the width of every targeted layer .* \(at most 96\)"):

@@ -20,7 +20,7 @@ def test_every_public_name_resolves_to_its_home():
     from attnft.adapters.store import AdapterStore
     from attnft.models import create_model
     from attnft.multitask import MultiTaskModel
-    from attnft.tuning.policy import apply_policy
+    from attnft.methods.freeze.policy import apply_policy
 
     assert (attnft.create_model, attnft.apply_policy, attnft.AdapterStore, attnft.MultiTaskModel) == (
         create_model, apply_policy, AdapterStore, MultiTaskModel)
@@ -48,7 +48,7 @@ def test_an_old_path_still_works_and_warns(path, name):
 def test_model_cards_name_the_new_paths():
     import inspect
 
-    from attnft.adapters import cards
+    from attnft.methods import cards
     from attnft.models import hf_library
 
     for module in (cards, hf_library):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from attnft.tuning.policy import BASE_POLICIES, apply_policy
+from attnft.methods.freeze.policy import BASE_POLICIES, apply_policy
 from attnft.roles import Role, build_role_map
 
 T = pytest.importorskip("transformers")

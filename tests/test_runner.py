@@ -291,7 +291,7 @@ def _frozen_region_hooks() -> list:
     """The policy's post-step restores registered for every optimizer of this process (torch keeps them global)."""
     from torch.optim.optimizer import _global_optimizer_post_hooks
 
-    from attnft.tuning.policy import _RestoreFrozenRegions
+    from attnft.methods.freeze.policy import _RestoreFrozenRegions
 
     return [h for h in _global_optimizer_post_hooks.values() if isinstance(h, _RestoreFrozenRegions)]
 
@@ -302,7 +302,7 @@ def test_finetune_leaves_no_global_optimizer_hook_whether_it_returns_or_raises(t
 
     from attnft.core.errors import ConfigError
     from attnft.models import create_model
-    from attnft.tuning.policy import apply_policy
+    from attnft.methods.freeze.policy import apply_policy
 
     # ParallelScalingBlock fuses qkv with the FFN's fc1: "attn" splits that tensor, which installs the hook
     args = dict(TINY_ARGS, num_classes=3)
@@ -466,7 +466,7 @@ def test_peft_policy_finetunes_into_peft_format_that_attnft_eval_and_plain_peft_
     from peft import PeftModel
 
     from attnft.models import create_model
-    from attnft.adapters.formats import is_peft_adapter
+    from attnft.methods.peft.sidecar import is_peft_adapter
     from attnft.adapters.store import AdapterStore
 
     model, data = tiny

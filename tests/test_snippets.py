@@ -12,14 +12,14 @@ import timm
 import torch
 from timm.models._hub import save_for_hf
 
-from attnft.adapters.record import AdapterRecord
+from attnft.methods.record import AdapterRecord
 from attnft.adapters import BaseSnapshot
 from attnft.bundled import BUNDLED_MODEL_28, BUNDLED_MODEL_224, LABEL_NAMES, weights_path
 from attnft.cli import main
 from attnft.adapters.merge import create_base
 from attnft.models import create_model
-from attnft.tuning.peft.model import apply_peft_policy
-from attnft.tuning.policy import apply_policy
+from attnft.methods.peft.model import apply_peft_policy
+from attnft.methods.freeze.policy import apply_policy
 from attnft.adapters.store import AdapterStore
 from snippets import indented_block, python_blocks, run_isolated, run_with_logits, uses_attnft
 

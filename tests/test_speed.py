@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from attnft.training import speed
 from attnft.tuning.memory import enable_ffn_recompute
-from attnft.tuning.policy import apply_policy
+from attnft.methods.freeze.policy import apply_policy
 from attnft.training.speed import (
     adamw_kwargs,
     default_workers,

@@ -5,7 +5,7 @@ import torch
 
 from attnft.roles import build_role_map
 from attnft.tuning.memory import enable_ffn_recompute, enable_grad_checkpointing, trace_cpu_memory
-from attnft.tuning.policy import apply_policy
+from attnft.methods.freeze.policy import apply_policy
 from attnft.tuning.step_memory import device_memory, estimate_step_memory
 from tiny_models import tiny_input, tiny_model
 
@@ -76,7 +76,7 @@ def test_only_blocks_a_gradient_passes_through_count():
 
 
 def test_a_peft_backbone_is_estimated_through_its_wrapped_layers():
-    from attnft.tuning.methods import parse_method
+    from attnft.methods import parse_method
 
     applied = parse_method("lora").apply(tiny_model("vit"))
     estimate = estimate_step_memory(applied.backbone, applied.report.role_map, batch_size=2, input_size=(3, 32, 32))

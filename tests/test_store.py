@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnft.adapters.record import AdapterRecord
+from attnft.methods.record import AdapterRecord
 from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, BaseSnapshot
 from attnft.core.errors import AdapterError, OfflineError, StoreError
 from attnft.core.files import FolderKind, Marker, write_directory_atomically
-from attnft.tuning.policy import apply_policy
+from attnft.methods.freeze.policy import apply_policy
 from attnft.adapters.store import AdapterStore, check_name
 from tiny_models import tiny_input, tiny_model
 

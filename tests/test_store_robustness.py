@@ -54,7 +54,7 @@ def store(tmp_path, trained):
 @pytest.fixture(scope="module")
 def peft_trained():
     """A tiny ViT with 4 classes wrapped by lora: (peft_model, report)."""
-    from attnft.tuning.peft.model import apply_peft_policy
+    from attnft.methods.peft.model import apply_peft_policy
 
     torch.manual_seed(0)
     with warnings.catch_warnings():

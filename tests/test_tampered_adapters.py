@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from attnft.adapters.record import AdapterRecord
+from attnft.methods.record import AdapterRecord
 from attnft.adapters import CONFIG_FILE
 from attnft.cli import main
 from attnft.core.errors import AdapterError, AttnftError

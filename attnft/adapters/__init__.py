@@ -4,9 +4,9 @@ An adapter is a folder of three files::
 
     adapter_config.json        AdapterConfig: what was trained, on which base, at which size; the weights' sha256
     adapter_model.safetensors  the trained part of each trainable tensor (values, or deltas from the base)
-    README.md                  a Hugging Face model card (:mod:`attnft.adapters.cards`), so the folder can be pushed to a hub repo as it is
+    README.md                  a Hugging Face model card (:mod:`attnft.methods.cards`), so the folder can be pushed to a hub repo as it is
 
-Identity. The config holds the base's :func:`attnft.tuning.fingerprint.compute_fingerprint`, taken before
+Identity. The config holds the base's :func:`attnft.methods.fingerprint.compute_fingerprint`, taken before
 training; it leaves out the head and the grid-sized position tables, so it does not depend on the
 input size. Tensors outside the fingerprint are always stored as exact values, since a delta
 against them would have nothing to resolve against.
@@ -34,7 +34,7 @@ adapter is: base, size, classes, data config, training, licence), :mod:`.save`, 
 (and verify), :mod:`.load`, :mod:`.base` (what is recorded to create the base again). The
 fingerprint, the card and the atomic writes are re-exported here from their own modules.
 """
-from .cards import model_card
+from ..methods.cards import model_card
 from ..core.files import (
     io_error,
     nearest_existing,
@@ -43,13 +43,14 @@ from ..core.files import (
     sha256_file,
     write_directory_atomically,
 )
-from ..tuning.fingerprint import BaseSnapshot, compute_fingerprint, unfingerprinted_names
-from .base import base_model_args, base_model_name, current_input_size, default_data_config, jsonable
-from .config import CARD_FILE, CONFIG_FILE, DELTA_DTYPES, FORMAT, FORMAT_VERSION, MODES, WEIGHTS_FILE, Adapter, AdapterConfig
-from .load import expected_tensors, load_adapter
-from .read import check_finite, check_finite_file, check_num_classes, read_adapter, read_config, safetensors_header, verify_adapter
-from .record import AdapterRecord
-from .save import save_adapter
+from ..methods.fingerprint import compute_fingerprint, unfingerprinted_names
+from ..methods.freeze.snapshot import BaseSnapshot
+from ..methods.base_model import base_model_args, base_model_name, current_input_size, default_data_config, jsonable
+from ..methods.freeze.config import CARD_FILE, CONFIG_FILE, DELTA_DTYPES, FORMAT, FORMAT_VERSION, MODES, WEIGHTS_FILE, Adapter, AdapterConfig
+from ..methods.freeze.load import expected_tensors, load_adapter
+from ..methods.freeze.read import check_finite, check_finite_file, check_num_classes, read_adapter, read_config, safetensors_header, verify_adapter
+from ..methods.record import AdapterRecord
+from ..methods.freeze.save import save_adapter
 
 __all__ = [
     "CARD_FILE", "CONFIG_FILE", "WEIGHTS_FILE", "FORMAT", "FORMAT_VERSION", "MODES", "DELTA_DTYPES",

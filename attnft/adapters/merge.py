@@ -5,7 +5,7 @@ loading: :func:`attnft.adapters.load_adapter` writes them into the base. The exp
 folder the base's library reads (:meth:`attnft.models.library.ModelLibrary.plan_export`): timm's
 own hub layout (``model.safetensors``, ``config.json``; :mod:`attnft.models.timm_library`) or what
 transformers' ``save_pretrained`` writes plus the image processor (:mod:`attnft.models.hf_library`),
-a ``README.md``, a model card with the lines that load it (:func:`attnft.adapters.cards.export_card`), and
+a ``README.md``, a model card with the lines that load it (:func:`attnft.methods.cards.export_card`), and
 ``attnft.json``, the marker that tells attnft's exports from folders of the same file names.
 
 A model its library alone could not rebuild (for timm: an argument JSON cannot hold, a name only
@@ -14,16 +14,17 @@ another package registers) is refused before anything is written.
 from __future__ import annotations
 
 import json
+import os
 
 from pathlib import Path
 from typing import Optional, Union
 
 from torch import nn
 
-from .cards import export_card
-from .config import Adapter, AdapterConfig
-from .load import load_adapter
-from .read import read_adapter
+from ..methods.cards import export_card
+from ..methods.freeze.config import Adapter, AdapterConfig
+from ..methods.freeze.load import load_adapter
+from ..methods.freeze.read import read_adapter
 from ..core.version import __version__
 from ..core.files import CARD_FILE as EXPORT_CARD, EXPORT_FOLDER, EXPORT_FORMAT, SIDECAR_FILE, PathLike, check_replaceable_folder, write_directory_atomically
 from ..models import create_model, library_of
@@ -95,7 +96,7 @@ def export_adapter(
     Nothing is written unless the adapter verifies and fits the base.
     """
     check_replaceable_folder(out_dir, overwrite, EXPORT_FOLDER)  # before minutes of merging
-    adapter = adapter if isinstance(adapter, Adapter) else read_adapter(adapter)
+    adapter = read_adapter(adapter) if isinstance(adapter, (str, os.PathLike)) else adapter
     model = base_model if base_model is not None else create_base(adapter.config, base_checkpoint)
     config = load_adapter(model, adapter, ignore_fingerprint=ignore_fingerprint)
     title = f"{adapter.path.name} (merged)" if adapter.path else None

@@ -6,9 +6,9 @@ every write and delete is atomic (see :func:`attnft.core.files.write_directory_a
 a failed one (full disk, permissions) is one StoreError line with the store as it was. Every
 write first clears the hidden entries killed writers left behind (:meth:`AdapterStore.remove_leftovers`).
 
-Two formats live side by side: attnft's own (from a freezing policy) and peft's (from ``lora`` /
-``ia3`` policies). Each method asks the folder's :class:`attnft.adapters.formats.AdapterFormat` once
-(:func:`attnft.adapters.formats.format_of`); ``read``, ``config``, ``verify`` and ``load`` return that format's types.
+Adapters of every method family live side by side: attnft's own format (from a freezing policy) and peft's (from
+``lora`` / ``ia3`` policies). Each call asks the folder's family once (:func:`attnft.methods.method_of`); ``read``,
+``config``, ``verify`` and ``load`` return that family's types.
 """
 from __future__ import annotations
 
@@ -24,21 +24,21 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from torch import nn
 
-from .config import Adapter, AdapterConfig
-from ..core.files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
-from ..tuning.fingerprint import BaseSnapshot
+from ..methods.freeze.config import Adapter, AdapterConfig
+from ..core.files import CARD_FILE, CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE
+from ..methods.freeze.snapshot import BaseSnapshot
 from ..core.errors import AdapterError, AttnftError, StoreError
 from ..core.files import ADAPTER_FOLDER, PathLike, io_error, nearest_existing, pid_alive, remove_directory_atomically, remove_entry, write_directory_atomically
-from .record import AdapterRecord
-from .formats import PEFT_SIDECAR_FILE, AdapterFormat, AdapterSummary, format_for, format_of
+from ..methods.record import AdapterRecord
+from ..methods import AdapterSummary, Method, method_of
 from ..core.hub import hub_errors
-from ..tuning.policy import PolicyReport
+from ..methods.freeze.policy import PolicyReport
 
 if TYPE_CHECKING:
     from peft import PeftModel
 
-    from .peft_sidecar import PeftAdapterInfo
-    from ..tuning.peft.model import PeftReport
+    from ..methods.peft.sidecar import PeftAdapterInfo
+    from ..methods.peft.model import PeftReport
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MAX_NAME_LENGTH = 128
@@ -56,14 +56,14 @@ def default_store_root() -> Path:
     return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
 
 
+def is_valid_name(name) -> bool:
+    """Whether ``name`` is an adapter name: one folder directly in the store, never a path out of it."""
+    return isinstance(name, str) and bool(NAME_PATTERN.fullmatch(name)) and ".." not in name and len(name) <= MAX_NAME_LENGTH
+
+
 def check_name(name: str) -> str:
     """``name`` if it is a valid adapter name, else StoreError."""
-    if (
-        not isinstance(name, str)
-        or not NAME_PATTERN.fullmatch(name)
-        or ".." in name
-        or len(name) > MAX_NAME_LENGTH
-    ):
+    if not is_valid_name(name):
         raise StoreError(
             f"invalid adapter name {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit, "
             f"no '..', at most {MAX_NAME_LENGTH} characters"
@@ -137,13 +137,13 @@ class AdapterStore:
                 raise StoreError(f"an adapter named {name!r} exists in {self.root}: pass --overwrite to replace it")
         return path
 
-    def format(self, name: str) -> AdapterFormat:
-        """The format of adapter ``name``; StoreError if it is not stored."""
-        return format_of(self.folder(name))
+    def method(self, name: str) -> Method:
+        """The method family of adapter ``name`` (:data:`attnft.methods.METHODS`); StoreError if it is not stored."""
+        return method_of(self.folder(name))
 
     def format_name(self, name: str) -> str:
-        """The name of that format: ``"peft"`` (from a lora / ia3 policy) or ``"attnft"``."""
-        return self.format(name).name
+        """The name of its format: ``"peft"`` (from a lora / ia3 policy) or ``"attnft"``."""
+        return self.method(name).format_name
 
     # --- write ---
 
@@ -159,10 +159,10 @@ class AdapterStore:
         mode: str = "exact",
         delta_dtype: str = "float16",
     ) -> Path:
-        """Save an adapter under ``name``, in the format of ``report`` (:func:`attnft.adapters.formats.format_for`).
+        """Save an adapter under ``name``, in the format of the family that made ``report`` (its ``method_name``).
 
         ``record``: what the adapter says about itself, its base, classes, data config, training and
-        licence (default: the model's own, :meth:`attnft.adapters.record.AdapterRecord.of`).
+        licence (default: the model's own, :meth:`attnft.methods.record.AdapterRecord.of`).
         A :class:`PolicyReport` (freezing policy): attnft's format, ``base`` being the snapshot
         taken before training, ``mode`` exact or delta (in ``delta_dtype``) (:func:`attnft.adapters.save_adapter`).
         A :class:`attnft.peft_methods.PeftReport`: ``model`` is the PeftModel, saved in peft's
@@ -171,9 +171,9 @@ class AdapterStore:
         """
         path = self.check_writable(name, overwrite)
         self._clean_stale()
-        fmt = format_for(report)
+        method = method_of(report)
         record = record or AdapterRecord.of(model)
-        fmt.save(path, model, report, base, record, overwrite=overwrite, mode=mode, delta_dtype=delta_dtype, title=name)
+        method.save(path, model, report, base, record, overwrite=overwrite, mode=mode, delta_dtype=delta_dtype, title=name)
         return path
 
     def import_folder(self, source: Union[str, os.PathLike], name: str, *, overwrite: bool = False) -> Path:
@@ -184,14 +184,14 @@ class AdapterStore:
         """
         path = self.check_writable(name, overwrite)
         files = _files_to_import(Path(source))
-        fmt = format_of(source)
-        fmt.verify(source)  # refuse a broken folder before anything is written
+        method = method_of(source)
+        method.verify(source)  # refuse a broken folder before anything is written
         self._clean_stale()
 
         def write(folder: Path) -> None:
             for item in files:
                 _copy_regular_file(item, folder / item.name)
-            fmt.verify(folder)  # the copy, not just the source
+            method.verify(folder)  # the copy, not just the source
 
         write_directory_atomically(path, write, kind=ADAPTER_FOLDER, overwrite=overwrite)
         return path
@@ -212,7 +212,7 @@ class AdapterStore:
     def push(self, name: str, repo_id: str, *, hub=None, private: Optional[bool] = None) -> str:
         """Upload adapter ``name`` (verified first) as the model repo ``repo_id``; the folder is the repo."""
         path = self.folder(name)
-        format_of(path).verify(path)
+        method_of(path).verify(path)
         hub = hub or _hf_api()
         with hub_errors(f"hub repo {repo_id}"):
             hub.create_repo(repo_id, private=private, exist_ok=True)
@@ -226,7 +226,7 @@ class AdapterStore:
         with tempfile.TemporaryDirectory(prefix=".pull-") as download:
             with hub_errors(f"hub repo {repo_id}"):
                 folder = hub.snapshot_download(
-                    repo_id, revision=revision, local_dir=download, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, PEFT_SIDECAR_FILE]
+                    repo_id, revision=revision, local_dir=download, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, SIDECAR_FILE]
                 )
             return self.import_folder(folder, name, overwrite=overwrite)
 
@@ -235,7 +235,7 @@ class AdapterStore:
     def read(self, name: str) -> Union[Adapter, "PeftAdapterInfo"]:
         """attnft's format: the verified :class:`Adapter` with its tensors. peft's: its sidecar (no tensor read)."""
         path = self.folder(name)
-        return format_of(path).read(path)
+        return method_of(path).read(path)
 
     def load(self, name: str, model: nn.Module, **load_kwargs) -> Union[nn.Module, "PeftModel"]:
         """Load adapter ``name`` onto ``model``; the module to call.
@@ -246,24 +246,24 @@ class AdapterStore:
         (``load_kwargs`` as :func:`attnft.peft_methods.load_peft_adapter`).
         """
         path = self.folder(name)
-        return format_of(path).load(model, path, **load_kwargs)
+        return method_of(path).load(model, path, **load_kwargs)
 
     def config(self, name: str) -> Union[AdapterConfig, "PeftAdapterInfo"]:
         """What ``name`` describes itself as: attnft's AdapterConfig, or a peft adapter's sidecar."""
         path = self.folder(name)
-        return format_of(path).config(path)
+        return method_of(path).config(path)
 
     def verify(self, name: str) -> Union[AdapterConfig, "PeftAdapterInfo"]:
         """Check the files of ``name`` against its config (sizes, sha256, names, shapes, classes) and every value
         finite; AdapterError naming what is off."""
         path = self.folder(name)
-        return format_of(path).verify(path)
+        return method_of(path).verify(path)
 
     def names(self) -> list[str]:
         self._check_root()
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and NAME_PATTERN.fullmatch(p.name) and ".." not in p.name)
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and is_valid_name(p.name))
 
     def list(self) -> list[AdapterSummary]:
         """Every adapter in the store, read from its config (cheap: no tensor is read)."""
@@ -271,7 +271,7 @@ class AdapterStore:
         for name in self.names():
             path = self.root / name
             try:
-                summaries.append(format_of(path).summary(name, path))
+                summaries.append(method_of(path).summary(name, path))
             except AttnftError as e:
                 summaries.append(AdapterSummary(name=name, path=path, error=str(e)))
         return summaries
@@ -280,7 +280,7 @@ class AdapterStore:
         """The config of ``name`` plus where it lives and its file sizes."""
         path = self.folder(name)
         info = {"name": name, "path": str(path), "files": {p.name: p.stat().st_size for p in sorted(path.iterdir()) if p.is_file()}}
-        info.update(format_of(path).describe(path))
+        info.update(method_of(path).describe(path))
         return info
 
     def remove_leftovers(self, older_than_s: float = 0.0) -> list[Path]:
@@ -362,7 +362,7 @@ class FoundAdapter:
     """An adapter named by a store name or a folder: where it is, its format, what reading it gave."""
 
     path: Path
-    format: AdapterFormat
+    method: Method
     adapter: Any  # attnft's: the verified Adapter with its tensors; peft's: its sidecar
     config: Any  # AdapterConfig or PeftAdapterInfo: model_name, input_size, data_config, num_classes
 
@@ -372,15 +372,15 @@ class FoundAdapter:
         from ..models import create_model
 
         base = create_model(model_name or self.config.model_name, checkpoint=checkpoint, img_size=self.config.input_size)
-        return self.format.load(base, self.adapter)
+        return self.method.load(base, self.adapter)
 
 
 def find_adapter(name_or_folder: str, store_root: Optional[PathLike] = None) -> FoundAdapter:
     """The adapter in folder ``name_or_folder``, else the one of that name in the store at ``store_root``."""
     path = Path(name_or_folder) if os.path.isdir(name_or_folder) else AdapterStore(store_root).folder(name_or_folder)
-    fmt = format_of(path)
-    adapter = fmt.read(path)
-    return FoundAdapter(path, fmt, adapter, fmt.config(adapter))
+    method = method_of(path)
+    adapter = method.read(path)
+    return FoundAdapter(path, method, adapter, method.config(adapter))
 
 
-__all__ = ["AdapterStore", "AdapterRecord", "FoundAdapter", "find_adapter", "AdapterSummary", "STALE_AFTER_S", "check_name", "default_store_root", "WEIGHTS_FILE"]
+__all__ = ["AdapterStore", "AdapterRecord", "FoundAdapter", "find_adapter", "AdapterSummary", "STALE_AFTER_S", "check_name", "is_valid_name", "default_store_root", "WEIGHTS_FILE"]

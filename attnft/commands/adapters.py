@@ -109,37 +109,10 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    _PRINT_SHOW[store.format_name(args.name)](info)
+    print(store.method(args.name).show_text(info))
     return 0
 
 
-def _print_attnft_show(info: dict) -> None:
-    tensors = info.pop("tensors")
-    labels = info.pop("label_names")
-    for key, value in info.items():
-        print(f"{key:<18} {value}")
-    print(f"{'label_names':<18} {len(labels) if labels else 0} names" + (f" ({', '.join(labels[:5])}, ...)" if labels else ""))
-    print(f"{'tensors':<18} {len(tensors)}")
-    for name, entry in tensors.items():
-        region = entry.get("region")
-        part = f" rows/cols {region['start']}:{region['stop']} of dim {region['dim']}" if region else ""
-        print(f"  {name:<40} {str(entry['shape']):<18} {entry['stored']:<6} {entry.get('role') or ''}{part}")
-
-
-def _print_peft_show(info: dict) -> None:
-    targets = info.pop("targets")
-    heads = info.pop("head_modules")
-    labels = info.pop("label_names")
-    for key, value in info.items():
-        print(f"{key:<18} {value}")
-    print(f"{'label_names':<18} {len(labels) if labels else 0} names" + (f" ({', '.join(labels[:5])}, ...)" if labels else ""))
-    print(f"{'head_modules':<18} {', '.join(heads) or 'none (head frozen)'}")
-    print(f"{'targets':<18} {len(targets)}")
-    for name, role in targets.items():
-        print(f"  {name:<40} {role}")
-
-
-_PRINT_SHOW = {"attnft": _print_attnft_show, "peft": _print_peft_show}  # by format name
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -191,11 +164,9 @@ def run_export(args: argparse.Namespace) -> int:
 
     store = _store(args)
     check_outside_store(args.out, "--out", store.root)  # (never inside an adapter or export: check_replaceable_folder)
-    if store.format_name(args.name) == "peft":
-        raise AdapterError(
-            f"{args.name} is a peft adapter: export merges attnft adapters; load it with "
-            "PeftModel.from_pretrained(base, folder) and call merge_and_unload()"
-        )
+    refusal = store.method(args.name).export_refusal(args.name)
+    if refusal:
+        raise AdapterError(refusal)
     adapter = store.read(args.name)
     result = merge.export_adapter(  # timm's checkpoint folder, or save_pretrained's for a transformers base
         adapter, args.out, base_checkpoint=args.checkpoint, ignore_fingerprint=args.ignore_fingerprint, overwrite=args.overwrite

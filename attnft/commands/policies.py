@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tuning.methods import parse_method
+    from ..methods import parse_method
     from ..models import create_model
 
     method = parse_method(args.policy)  # fail on a bad policy before building a model

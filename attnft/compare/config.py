@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..core.errors import ConfigError, UnknownPolicyError
 from ..core.parsing import option
-from ..tuning.methods import parse_method
+from ..methods import parse_method
 
 COMPARE, SEARCH = "comparison", "search"
 PAPER_POLICIES = "attn,ffn,full,head,lora,ia3"  # the paper's Table 6 rows, and the two peft methods

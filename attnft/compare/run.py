@@ -24,7 +24,7 @@ from ..core.errors import ConfigError
 from ..core.files import check_outside_attnft_folders, check_outside_store, write_text_atomically
 from ..training.config import FinetuneConfig
 from ..training.step_clock import progress_bar
-from ..tuning.methods import parse_method
+from ..methods import parse_method
 from . import study as search
 from .config import CompareConfig
 from .final import run_final

@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any, Optional
 
-from .errors import AdapterError
+from .errors import AdapterError, ConfigError
 from .parsing import short
 
 MAX_TEXT_LENGTH = 4096  # a path's PATH_MAX: a model name, a version, a policy spec
@@ -25,6 +25,7 @@ CROP_MODES = ("center", "squash", "border")
 # bilinear and bicubic; kept here so that the CLI need not import timm (a test keeps them in step)
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos", "random")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+PRECISIONS = ("no", "bf16", "fp16")  # --precision of training, eval and serving
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -105,3 +106,9 @@ def _is_number(value: Any) -> bool:
 
 def _short(value: Any, limit: int = 60) -> str:
     return short(value if not isinstance(value, str) else repr(value), limit)
+
+
+def require(condition: bool, message: str) -> None:
+    """ConfigError(``message``) unless ``condition``: one flag's range, checked at the edge."""
+    if not condition:
+        raise ConfigError(message)

@@ -21,7 +21,13 @@ _EXPORTS = {
     "find_slots": ".slots",
 }
 
-__all__ = list(_EXPORTS)
+__all__ = [*_EXPORTS, "server_for"]
+
+
+def server_for(method) -> type:
+    """The multi-task model class that serves many adapters of ``method`` (an :class:`attnft.methods.Method`,
+    which names it) on one base."""
+    return __getattr__(method.multitask)
 
 
 def __getattr__(name: str):

@@ -7,9 +7,10 @@ batch of one task, or of mixed tasks, runs (:meth:`TaskServer._forward`,
 """
 from __future__ import annotations
 
-from typing import Generic, Optional, Sequence, TypeVar
+from typing import Generic, Iterable, Optional, Sequence, TypeVar
 
 import torch
+from torch import nn
 
 from ..core.errors import ConfigError
 
@@ -139,3 +140,21 @@ def _fixed_input_size(base: torch.nn.Module) -> Optional[tuple[int, int]]:
     if not getattr(embed, "strict_img_size", False) or getattr(embed, "dynamic_img_size", False) or size is None:
         return None
     return tuple(int(s) for s in size) if isinstance(size, (tuple, list)) else (int(size), int(size))
+
+
+def tensors_of(module: nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer of ``module``."""
+    return [*module.parameters(), *module.buffers()]
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor], seen: Optional[set[int]] = None) -> int:
+    """Bytes of the storages behind ``tensors``, each counted once (and not again if in ``seen``, which grows)."""
+    seen = set() if seen is None else seen
+    total = 0
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key not in seen and storage.nbytes():
+            seen.add(key)
+            total += storage.nbytes()
+    return total

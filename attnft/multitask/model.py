@@ -28,14 +28,15 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Union
 import torch
 from torch import nn
 
-from ..adapters import Adapter, current_input_size, read_adapter
-from ..tuning.fingerprint import compute_fingerprint
+from ..methods.base_model import current_input_size
+from ..methods.freeze.config import Adapter
+from ..methods.fingerprint import compute_fingerprint
 from ..core.errors import AdapterError, BaseMismatchError
-from ..adapters.peft_sidecar import PeftAdapterInfo, is_peft_adapter
+from ..methods import Method, method_of
 from ..roles import RoleMap, build_role_map
-from . import routing
+from . import routing, server_for
 from .routing import Group, Route
-from .base import TaskServer
+from .base import TaskServer, storage_bytes, tensors_of
 from .slots import SlotMap, find_slots
 from .tasks import ServedTask, TaskWeights, build_served_task
 
@@ -69,16 +70,13 @@ class MultiTaskModel(TaskServer[ServedTask]):
     def from_adapters(cls, base_model: nn.Module, adapters: Mapping[str, TaskSource]) -> Union["MultiTaskModel", "PeftMultiTask"]:
         """Serve each ``name -> adapter`` (an Adapter, an adapter folder, or TaskWeights) on ``base_model``.
 
-        When every adapter is a peft adapter (a folder, or its PeftAdapterInfo), a
-        :class:`attnft.multitask.peft_model.PeftMultiTask` serves them; a mix of formats is an AdapterError.
+        When the adapters are another family's (peft's: folders, or their PeftAdapterInfo), the multi-task model
+        of that family serves them (:class:`attnft.multitask.peft_model.PeftMultiTask`); a mix of families is an
+        AdapterError.
         """
-        peft_tasks = [name for name, source in adapters.items() if _is_peft_source(source)]
-        if peft_tasks:
-            _refuse_mixed_formats(peft_tasks, list(adapters))
-            from .peft_model import PeftMultiTask  # imports peft
-
-            folders = {name: s if isinstance(s, (str, os.PathLike)) else s.path for name, s in adapters.items()}
-            return PeftMultiTask.from_adapters(base_model, folders)
+        server = _server_of(adapters)
+        if server is not cls:
+            return server.from_adapters(base_model, adapters)
         model = cls(base_model)
         for name, source in adapters.items():
             model.add_task(name, source)
@@ -88,16 +86,13 @@ class MultiTaskModel(TaskServer[ServedTask]):
     def from_store(cls, store, names: Iterable[str], *, base_model: nn.Module) -> Union["MultiTaskModel", "PeftMultiTask"]:
         """Serve the adapters ``names`` of an :class:`attnft.adapters.store.AdapterStore` on ``base_model``.
 
-        When every one is a peft adapter, a :class:`attnft.multitask.peft_model.PeftMultiTask` (same
-        calls) serves them; a mix of formats is an AdapterError.
+        When they are another family's (peft's), the multi-task model of that family (same calls) serves them;
+        a mix of families is an AdapterError.
         """
         names = list(names)
-        peft_tasks = [name for name in names if store.format_name(name) == "peft"]
-        if peft_tasks:
-            _refuse_mixed_formats(peft_tasks, names)
-            from .peft_model import PeftMultiTask  # imports peft
-
-            return PeftMultiTask.from_store(store, names, base_model=base_model)
+        server = _server_of({name: store.folder(name) for name in names})  # StoreError for a name not stored
+        if server is not cls:
+            return server.from_store(store, names, base_model=base_model)
         return cls.from_adapters(base_model, {name: store.read(name) for name in names})
 
     @property
@@ -125,21 +120,22 @@ class MultiTaskModel(TaskServer[ServedTask]):
     def _task_weights(self, name: str, source: TaskSource) -> TaskWeights:
         if isinstance(source, TaskWeights):
             return source
-        if _is_peft_source(source):
+        method = _method_of_task(source)
+        if method is not None and server_for(method) is not type(self):
             raise AdapterError(
-                f"task {name!r} is a peft adapter and this model serves attnft adapters: serve peft adapters "
-                "on their own base (PeftMultiTask, or from_store / from_adapters with peft adapters only)"
+                f"task {name!r} is a {method.format_name} adapter and this model serves attnft adapters: serve "
+                f"{method.format_name} adapters on their own base ({method.multitask}, or from_store / from_adapters "
+                "with them only)"
             )
-        if isinstance(source, (str, os.PathLike)):
-            source = read_adapter(source)
-        if isinstance(source, Adapter):
+        if method is not None:  # an adapter folder, or the adapter read from one
+            adapter = method.read(source) if isinstance(source, (str, os.PathLike)) else source
             size = current_input_size(self.base)
-            if source.config.input_size != size:
+            if adapter.config.input_size != size:
                 raise AdapterError(
-                    f"task {name!r} was trained at {source.config.input_size}px, the base serves {size}px: "
+                    f"task {name!r} was trained at {adapter.config.input_size}px, the base serves {size}px: "
                     "every served task must share the base's input size"
                 )
-            return TaskWeights.from_adapter(source, self.base)
+            return TaskWeights.from_adapter(adapter, self.base)
         if isinstance(source, Mapping):
             return TaskWeights(dict(source))
         raise TypeError(f"cannot serve a task from {type(source).__name__}")
@@ -179,12 +175,12 @@ class MultiTaskModel(TaskServer[ServedTask]):
         Storages are counted once however many modules share them.
         """
         seen: set[int] = set()
-        usage = {"shared": _storage_bytes(_tensors_of(self.base), seen)}
+        usage = {"shared": storage_bytes(tensors_of(self.base), seen)}
         for name, task in self._tasks.items():
             tensors = list(task.tensors.values())
             for module in task.modules.values():
-                tensors.extend(_tensors_of(module))
-            usage[name] = _storage_bytes(tensors, seen)
+                tensors.extend(tensors_of(module))
+            usage[name] = storage_bytes(tensors, seen)
         usage["total"] = sum(usage.values())
         return usage
 
@@ -195,34 +191,24 @@ class MultiTaskModel(TaskServer[ServedTask]):
         return f"MultiTaskModel({self.role_map.model_name}, tasks={self.tasks}, default={self._default!r})"
 
 
-def _is_peft_source(source: TaskSource) -> bool:
-    """Whether ``source`` is a peft adapter: a folder with attnft's sidecar, or its PeftAdapterInfo."""
-    if isinstance(source, (str, os.PathLike)):
-        return is_peft_adapter(source)
-    return isinstance(source, PeftAdapterInfo)
+def _method_of_task(source) -> Optional[Method]:
+    """The family of a task's adapter (a folder, or what a family read from one); None for tensors in memory
+    (TaskWeights, a name -> tensor dict), which MultiTaskModel takes as they are."""
+    if isinstance(source, (str, os.PathLike)) or hasattr(source, "method_name"):
+        return method_of(source)
+    return None
 
 
-def _refuse_mixed_formats(peft_tasks: list[str], tasks: list[str]) -> None:
-    """One base serves one format: attnft's routing swaps the classes of the attention and head
-    modules, peft wraps the same modules; the two cannot share them."""
-    attnft_tasks = [name for name in tasks if name not in peft_tasks]
-    if attnft_tasks:
-        raise AdapterError(
-            f"tasks {', '.join(attnft_tasks)} are attnft adapters and {', '.join(peft_tasks)} peft adapters: "
-            "one base serves one format; serve each format on its own copy of the base"
-        )
+def _server_of(adapters: Mapping[str, TaskSource]) -> type:
+    """The multi-task model that serves every one of ``adapters``; AdapterError for a mix of families.
 
-
-def _tensors_of(module: nn.Module) -> list[torch.Tensor]:
-    return [p for p in module.parameters()] + [b for b in module.buffers()]
-
-
-def _storage_bytes(tensors: Iterable[torch.Tensor], seen: set[int]) -> int:
-    total = 0
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key not in seen and storage.nbytes():
-            seen.add(key)
-            total += storage.nbytes()
-    return total
+    One base serves one family: attnft's routing swaps the classes of the attention and head modules, peft wraps
+    the same modules; the two cannot share them."""
+    by_server: dict[type, list[str]] = {}
+    for name, source in adapters.items():
+        method = _method_of_task(source)
+        by_server.setdefault(MultiTaskModel if method is None else server_for(method), []).append(name)
+    if len(by_server) > 1:
+        groups = " and ".join(f"{', '.join(names)} for {server.__name__}" for server, names in by_server.items())
+        raise AdapterError(f"tasks {groups}: one base serves one format; serve each format on its own copy of the base")
+    return next(iter(by_server), MultiTaskModel)

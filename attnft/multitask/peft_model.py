@@ -22,12 +22,12 @@ from torch import nn
 
 from ..core.errors import AdapterError
 from ..core.files import CONFIG_FILE, WEIGHTS_FILE
-from ..tuning.fingerprint import compute_fingerprint
-from ..adapters.formats import PEFT
-from ..adapters.peft_files import check_base, load_peft_adapter
-from ..adapters.peft_sidecar import PeftAdapterInfo
-from ..tuning.peft.names import unprefixed
-from ..tuning.peft.spec import PEFT_METHODS
+from ..methods.fingerprint import compute_fingerprint
+from ..methods.peft.method import PEFT
+from ..methods.peft.files import check_base, load_peft_adapter
+from ..methods.peft.sidecar import PeftAdapterInfo
+from ..methods.peft.names import unprefixed
+from ..methods.peft.spec import PEFT_METHODS
 from ..roles import join_name
 from .base import TaskServer
 
@@ -69,9 +69,11 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
         """Serve the peft adapters ``names`` of an :class:`attnft.adapters.store.AdapterStore` on ``base_model``."""
         return cls.from_adapters(base_model, {name: store.path(name) for name in names})
 
-    def add_task(self, name: str, path: Union[str, os.PathLike]) -> PeftAdapterInfo:
-        """Serve the peft adapter folder ``path`` as task ``name``; BaseMismatchError if it fits another base."""
+    def add_task(self, name: str, path: Union[str, os.PathLike, PeftAdapterInfo]) -> PeftAdapterInfo:
+        """Serve the peft adapter folder ``path`` (or the one its info was read from) as task ``name``;
+        BaseMismatchError if it fits another base."""
         self._check_new_task(name)
+        path = PEFT.config(path).path  # a folder, or the info read from one
         adapter = f"task{self._next_id}"
         info = PEFT.verify(path)  # every check `attnft adapters verify` makes: sizes, sha256, classes, finite values
         if _peft_config(info).get("bias", "none") != "none":
@@ -125,9 +127,6 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
             wrapper.set_adapter([])
         self._base = self.model.unload()
         self.model = None
-
-    def info(self, task: str) -> PeftAdapterInfo:
-        return self._served(task)
 
     # --- serving ------------------------------------------------------------------------
 

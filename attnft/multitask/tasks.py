@@ -16,7 +16,7 @@ from torch import nn
 
 from ..adapters import Adapter
 from ..core.errors import AdapterError
-from ..tuning.policy import PolicyReport
+from ..methods.freeze.policy import PolicyReport
 from ..roles import Role, RoleMap, is_weight, split_first
 from .slots import Slot, SlotKind, SlotMap
 

@@ -20,7 +20,6 @@ weight; those tensors get one entry per role, each owning a contiguous range of 
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterator, Optional
@@ -145,12 +144,6 @@ class RoleMap:
     def names_with_role(self, role: Role) -> list[str]:
         """Parameters owned, wholly or in part, by ``role``."""
         return [n for n, es in self._by_name.items() if any(e.role == role for e in es)]
-
-    def numel_by_role(self) -> dict[Role, int]:
-        counts: Counter = Counter()
-        for e in self.entries:
-            counts[e.role] += e.numel
-        return {role: counts.get(role, 0) for role in Role}
 
     def modules_with_role(self, model: nn.Module, role: Role) -> list[str]:
         """Names of leaf modules all of whose parameters have ``role`` and none of them split.

@@ -17,23 +17,24 @@ from typing import Callable, Optional
 
 from ..core.errors import AttnftError, ConfigError, StoreError
 from ..core.files import CONFIG_FILE, WEIGHTS_FILE
-from ..adapters.formats import format_of
-from ..adapters.store import MAX_NAME_LENGTH, NAME_PATTERN, check_name
+from ..methods import METHODS, method_of
+from ..adapters.store import check_name, is_valid_name
 
 Signature = tuple  # (inode, mtime_ns, size) of the folder, its config and its weights
 
 
 @dataclass(frozen=True)
 class BaseKey:
-    """What one backbone serves: adapters of one base model at one input size, in one format (peft: one method)."""
+    """What one backbone serves: adapters of one base model at one input size, of one method family, in one of its
+    serving groups (peft: one peft method, as one PeftModel holds adapters of one type)."""
 
     model_name: str
     input_size: int
-    format: str  # "attnft" | "peft"
-    method: str = ""  # the peft method (one PeftModel holds adapters of one type); "" for attnft
+    method: str  # the family (attnft.methods.METHODS) whose multi-task model serves them
+    group: str = ""  # Method.serving_group: what else they share on one base
 
     def describe(self) -> str:
-        kind = f"peft {self.method}" if self.method else self.format
+        kind = " ".join(filter(None, (METHODS[self.method].format_name, self.group)))
         return f"{self.model_name} at {self.input_size} px ({kind} adapters)"
 
 
@@ -51,15 +52,12 @@ class TaskEntry:
     data_config: Optional[dict] = None
     weights_sha256: str = ""
     trained_params: int = 0
+    format_name: str = ""  # its format as answers name it: "attnft", "peft-lora"
     error: Optional[str] = None  # why it cannot be served (its config cannot be read)
 
     def label(self, index: int) -> str:
         names = self.label_names
         return str(names[index]) if names and index < len(names) else str(index)
-
-    @property
-    def format_name(self) -> str:
-        return "" if self.base is None else (f"peft-{self.base.method}" if self.base.method else self.base.format)
 
 
 class UnknownTask(AttnftError):
@@ -126,8 +124,7 @@ class StoreCatalog:
         return _signature(entry.path) == entry.signature
 
     def _path(self, name: str) -> Path:
-        valid = isinstance(name, str) and NAME_PATTERN.fullmatch(name) and ".." not in name and len(name) <= MAX_NAME_LENGTH
-        if not valid or (self.allowed is not None and name not in self.allowed):
+        if not is_valid_name(name) or (self.allowed is not None and name not in self.allowed):
             raise UnknownTask(self._unknown(name))
         return self.store.path(name)  # a valid name is one folder directly in the store
 
@@ -182,14 +179,14 @@ def _inside(link: Path, root: Path) -> bool:
 def _read_entry(name: str, path: Path, signature: Signature) -> TaskEntry:
     """The entry of the adapter folder ``path`` from its config alone; an entry with ``error`` if it cannot be read."""
     try:
-        fmt = format_of(path)
-        config = fmt.config(path)
-        base = BaseKey(config.model_name, int(config.input_size), fmt.name, getattr(config, "method", ""))
+        method = method_of(path)
+        config = method.config(path)
+        base = BaseKey(config.model_name, int(config.input_size), method.name, method.serving_group(config))
         return TaskEntry(
             name, path, 0, signature, base=base, num_classes=int(config.num_classes or 0),
             label_names=tuple(config.label_names) if config.label_names else None,
             data_config=dict(config.data_config), weights_sha256=config.weights_sha256,
-            trained_params=int(config.trained_params or 0),
+            trained_params=int(config.trained_params or 0), format_name=method.format_label(config),
         )
     except AttnftError as e:
         return TaskEntry(name, path, 0, signature, error=" ".join(str(e).split()))

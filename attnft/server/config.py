@@ -11,10 +11,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..core.checks import PRECISIONS, require
 from ..core.errors import ConfigError
 from ..core.parsing import coerce_fields, option, parse_bytes
 
-PRECISIONS = ("no", "bf16", "fp16")
 MAX_TIMEOUT_S = 86_400.0  # a day
 MAX_WAIT_MS = 10_000.0  # beyond this a lone request waits longer than any client would
 SERVER, ENGINE, LIMITS = "server", "engine", "limits"
@@ -63,18 +63,18 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self)
-        _require(0 <= self.port <= 65535, f"port must be in 0-65535, got {self.port}")
-        _require(self.max_batch >= 1, "max_batch must be at least 1")
-        _require(0 <= self.max_wait_ms <= MAX_WAIT_MS, f"max_wait_ms must be in [0, {MAX_WAIT_MS:g}], got {self.max_wait_ms}")
-        _require(self.workers >= 1, "workers must be at least 1")
-        _require(self.max_queue >= 1, "max_queue must be at least 1")
-        _require(1 <= self.limit_concurrency <= 1_000_000, f"limit_concurrency must be from 1 to 1000000, got "
+        require(0 <= self.port <= 65535, f"port must be in 0-65535, got {self.port}")
+        require(self.max_batch >= 1, "max_batch must be at least 1")
+        require(0 <= self.max_wait_ms <= MAX_WAIT_MS, f"max_wait_ms must be in [0, {MAX_WAIT_MS:g}], got {self.max_wait_ms}")
+        require(self.workers >= 1, "workers must be at least 1")
+        require(self.max_queue >= 1, "max_queue must be at least 1")
+        require(1 <= self.limit_concurrency <= 1_000_000, f"limit_concurrency must be from 1 to 1000000, got "
                  f"{self.limit_concurrency}")
         for name in ("timeout_keep_alive", "header_timeout", "body_timeout", "graceful_timeout"):
             value = getattr(self, name)
-            _require(0 < value <= MAX_TIMEOUT_S, f"{name} must be in (0, {MAX_TIMEOUT_S:g}] seconds, got {value}")
-        _require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
-        _require(self.host.strip() != "", "host must not be empty")
+            require(0 < value <= MAX_TIMEOUT_S, f"{name} must be in (0, {MAX_TIMEOUT_S:g}] seconds, got {value}")
+        require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}")
+        require(self.host.strip() != "", "host must not be empty")
         for name in ("memory_budget", "max_body"):
             value = getattr(self, name)
             if value is not None:
@@ -83,10 +83,10 @@ class ServeConfig:
                 except ValueError as e:
                     raise ConfigError(f"{name}: {e}") from None
         if self.tasks is not None:
-            _require(bool(self.task_names), "tasks must name at least one adapter")
+            require(bool(self.task_names), "tasks must name at least one adapter")
         for name in ("store", "checkpoint", "device"):
             value = getattr(self, name)
-            _require(value is None or value.strip() != "", f"{name} must not be empty")
+            require(value is None or value.strip() != "", f"{name} must not be empty")
 
     @property
     def task_names(self) -> Optional[list[str]]:
@@ -105,8 +105,3 @@ class ServeConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)

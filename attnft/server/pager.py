@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import torch
-from torch import nn
 
 from ..core.errors import AttnftError, first_line
 from ..core.parsing import format_bytes
+from ..methods import METHODS
+from ..multitask import server_for
+from ..multitask.base import storage_bytes, tensors_of
 from .catalog import BaseKey, StoreCatalog, TaskEntry, UnknownTask
 
 if TYPE_CHECKING:
@@ -54,11 +56,11 @@ class Loaded:
 
 @dataclass
 class Acquired:
-    """What :meth:`AdapterPager.acquire` could do for a batch: loaded tasks, failures (reason), tasks for a later round."""
+    """What :meth:`AdapterPager.acquire` could do for a batch: loaded tasks and failures (reason); a task in neither
+    did not fit beside the others and waits for a later round."""
 
     loaded: dict[str, Loaded] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
-    deferred: list[str] = field(default_factory=list)
 
 
 class AdapterPager:
@@ -92,9 +94,6 @@ class AdapterPager:
 
     def loaded_count(self) -> int:
         return len(self._loaded)
-
-    def is_loaded(self, name: str) -> bool:
-        return name in self._loaded
 
     def loaded_bytes(self, name: str) -> Optional[int]:
         loaded = self._loaded.get(name)
@@ -130,8 +129,8 @@ class AdapterPager:
     def acquire(self, entries: list[TaskEntry]) -> Acquired:
         """Load what the tasks of ``entries`` (one per task, in batch order) need, as far as the budget allows.
 
-        Tasks that do not fit beside those already acquired are ``deferred``: run what was loaded,
-        then call again with the deferred ones. The first task always fits (the budget holds the
+        Tasks that do not fit beside those already acquired are in neither field: run what was loaded,
+        then call again with them. The first task always fits (the budget holds the
         backbones and the largest adapter, checked at start-up), unless its own base does not.
         """
         self._drop_retired()
@@ -145,8 +144,7 @@ class AdapterPager:
             loaded = self._loaded.get(entry.name)
             if loaded is None or loaded.entry.version < entry.version:
                 outcome = self._load(entry, pinned)
-                if outcome is None:
-                    result.deferred.append(entry.name)
+                if outcome is None:  # it does not fit now: a later round
                     continue
                 if isinstance(outcome, str):
                     result.failed[entry.name] = outcome
@@ -248,24 +246,7 @@ def _create_backbone(key: BaseKey, checkpoint: Optional[str], device: torch.devi
     from ..models import create_model
 
     base = create_model(key.model_name, checkpoint=checkpoint, img_size=key.input_size).eval()
-    if key.format == "peft":
-        from ..multitask.peft_model import PeftMultiTask  # imports peft
-
-        server = PeftMultiTask(base)
-    else:
-        from ..multitask.model import MultiTaskModel
-
-        server = MultiTaskModel(base)
+    server = server_for(METHODS[key.method])(base)
     server.base_fingerprint  # of the float32 weights the adapters were trained on: a bf16 copy hashes to another
     base.to(device=device, dtype=dtype)  # in place: the server's base, now at the serving dtype
-    return Backbone(key, server, _storage_bytes(base))
-
-
-def _storage_bytes(model: nn.Module) -> int:
-    seen, total = set(), 0
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-    return total
+    return Backbone(key, server, storage_bytes(tensors_of(base)))

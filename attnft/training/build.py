@@ -10,20 +10,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
 from ..core.errors import ConfigError
 from .checkpoints import Position, load_checkpoint, resumed_position
 from .config import FinetuneConfig
-from .ema import build_ema
+from .ema import TrainedEma, build_ema
 from .plan import RunPlan
 from .processes import fsdp_keep_frozen_apart
 from .schedule import warmup_cosine_schedule
 from .seeding import RepeatedAugmentationSampler, SeededAugmentation
 from .speed import adamw_kwargs, enable_tf32, loader_kwargs, maybe_compile
+
+if TYPE_CHECKING:
+    from .distillation import Teacher
 
 
 @dataclass
@@ -33,15 +38,15 @@ class RunParts:
 
     model: nn.Module
     scored: nn.Module  # what is evaluated and saved
-    optimizer: object
-    scheduler: object
+    optimizer: Optimizer
+    scheduler: LRScheduler
     train_loader: DataLoader
     eval_loader: DataLoader
     mixup: Optional[Callable]
     loss: Callable  # (inputs, outputs, targets) -> the training loss
     distill: Optional[nn.Module]  # distillation.DistillationLoss, None without a teacher
-    teacher: object  # distillation.Teacher, None without one
-    ema: object  # ema.TrainedEma, None without --model-ema
+    teacher: Optional[Teacher]  # None without one
+    ema: Optional[TrainedEma]  # None without --model-ema
     steps_per_epoch: Optional[int]  # None: a streamed split
     total_steps: int
 

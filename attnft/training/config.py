@@ -24,7 +24,7 @@ from ..core.parsing import (  # noqa: F401  re-exported: the config's parsing, o
 from .config_checks import DEFAULT_EMA_DECAY, OPTIMIZERS, PRECISIONS, check_eval_settings, check_finetune_settings
 
 if TYPE_CHECKING:
-    from ..tuning.defaults import TrainingDefaults
+    from ..methods.defaults import TrainingDefaults
 
 # registered in timm by `import attnft.bundled`; a string here so the CLI need not import timm
 DEFAULT_MODEL = "vit_fmnist_patch16_224"

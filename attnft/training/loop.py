@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader
 
 from ..core.errors import DataError
 from .checkpoints import Position, save_checkpoint
@@ -24,18 +26,24 @@ from .run_folder import MetricsLog
 from .seeding import seed_micro_batch
 from .step_clock import StepClock
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from tqdm import tqdm
+
+    from .ema import TrainedEma
+
 
 @dataclass
 class Trainer:
     """What a training step moves, prepared by Accelerate."""
 
-    accelerator: object
+    accelerator: Accelerator
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: object
+    scheduler: LRScheduler
     loss: Callable  # (inputs, outputs, targets) -> the loss
     mixup: Optional[Callable]
-    ema: object  # ema.TrainedEma, None without --model-ema
+    ema: Optional[TrainedEma]  # None without --model-ema
     clip_grad: Optional[float]
     seed: int
 
@@ -90,7 +98,7 @@ class StepLog:
     each log line and before each checkpoint), the metrics log, the progress bar and the clock."""
 
     metrics: MetricsLog
-    progress: object
+    progress: tqdm
     clock: StepClock
     total_steps: int
     log_every: int
@@ -150,9 +158,9 @@ def train_one_epoch(trainer: Trainer, loader, position: Position, log: StepLog, 
 class Validation:
     """Where an evaluation on the way runs and what it is logged to (metrics.jsonl and the trackers)."""
 
-    loader: object
+    loader: DataLoader
     label_names: list[str]
-    accelerator: object
+    accelerator: Accelerator
     metrics: MetricsLog
     show_progress: bool
 

@@ -24,7 +24,11 @@ from .run_folder import RunLock, check_output_dir_free, check_output_dir_usable
 from .speed import PREFETCH_FACTOR, default_workers
 
 if TYPE_CHECKING:
+    from accelerate import Accelerator
+
     from ..adapters.store import AdapterStore
+    from ..data.loading import TaskData
+    from ..methods import Applied, Tuning
 
 
 @dataclass
@@ -35,11 +39,11 @@ class RunPlan:
     cfg: FinetuneConfig
     aug_reason: str  # why this augmentation level (``auto``'s rule, or "asked")
     lr_reason: str  # the run's lr and why: the method's default at this batch, or as set
-    accelerator: object
-    method: object  # a freezing policy or a peft method (tuning.methods)
+    accelerator: Accelerator
+    method: Tuning  # the policy spec, parsed by its method family (attnft.methods)
     store: AdapterStore
-    task: object  # the data (data.load_task)
-    applied: object  # the method applied: the model to train, its report, the base's identity
+    task: TaskData  # the data (data.load_task)
+    applied: Applied  # the spec applied: the model to train, its report, what it captured of the base
     new_head: bool
     fits: Optional[bool]  # the base's head fits the dataset's classes (None: the base's names are unknown)
     data_cfg: dict
@@ -59,15 +63,15 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
     from ..data import check_auto_augment, check_inat_category, quiet_datasets
     from ..models import base_label_names, create_model, data_config, head_fits
     from ..roles import build_role_map
-    from ..tuning.methods import parse_method
+    from ..methods import parse_method
 
     method = parse_method(cfg.policy)  # a freezing policy, or peft's lora, ia3: a typo is refused before anything
     accelerator = _accelerator(cfg)
     check_runtime(cfg, accelerator)
     check_auto_augment(cfg.auto_augment)
     check_inat_category(cfg.inat_category)
-    if method.is_peft and accelerator.distributed_type == DistributedType.FSDP:
-        raise ConfigError(f"--policy {cfg.policy} (peft) is not supported under FSDP yet: use DDP")
+    if not method.method.trains_under_fsdp and accelerator.distributed_type == DistributedType.FSDP:
+        raise ConfigError(f"--policy {cfg.policy} ({method.method.name}) is not supported under FSDP yet: use DDP")
     if cfg.model_ema and accelerator.distributed_type == DistributedType.FSDP:
         raise ConfigError("--model-ema is not supported under FSDP yet: use DDP")
     store = AdapterStore(cfg.store)

@@ -156,7 +156,7 @@ def _finish(plan: RunPlan, parts: RunParts, position: Position, validation: Vali
 def _save_and_report(plan: RunPlan, trained: nn.Module, final: EvalResult, steps: int,
                      accuracy_before: Optional[float], resumed_from: Optional[int]) -> FinetuneResult:
     """On the main process: the adapter saved (where its training is not lost), result.json, the closing lines."""
-    from ..adapters.record import AdapterRecord
+    from ..methods.record import AdapterRecord
     from ..models import checkpoint_bytes
 
     cfg, task, store, name, output_dir = plan.cfg, plan.task, plan.store, plan.name, plan.output_dir

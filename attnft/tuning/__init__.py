@@ -1,3 +1,3 @@
-"""What trains: freezing policies (:mod:`.policy`), peft methods (:mod:`.peft`), the one place that tells them
-apart (:mod:`.methods`), the base's identity (:mod:`.fingerprint`), layer-wise learning rates (:mod:`.layer_decay`)
-and what training costs in memory (:mod:`.memory`)."""
+"""What training costs and how it is grouped, for every method: layer-wise learning rates (:mod:`.layer_decay`),
+FFN recompute and gradient checkpointing (:mod:`.memory`, :mod:`.recompute`) and a step's memory
+(:mod:`.step_memory`). The methods themselves live in :mod:`attnft.methods`."""

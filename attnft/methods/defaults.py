@@ -1,7 +1,7 @@
 """A method's own optimisation defaults: what a run uses when neither ``--lr`` nor a recipe sets one.
 
 Each method family keeps its defaults in the table that names it (the freezing policies' in
-:data:`attnft.tuning.policy.BASE_DEFAULTS`, the peft methods' in :data:`attnft.tuning.peft.spec.PEFT_METHODS`):
+:data:`attnft.methods.freeze.policy.BASE_DEFAULTS`, the peft methods' in :data:`attnft.methods.peft.spec.PEFT_METHODS`):
 one learning rate at a reference global batch, the share of the run spent warming up to it, and where
 they come from. The rate scales linearly with the global batch (``lr x batch / base_batch``), as DeiT
 (5e-4 x batch / 512) and VPT scale theirs; the warmup is a share of the run's epochs (peft's ``warmup_ratio``),

@@ -1,4 +1,5 @@
-"""The identity of a base: a fingerprint of its weights, and the snapshot an adapter is saved against.
+"""The identity of a base: a fingerprint of its weights (the snapshot a frozen policy's adapter is saved against is
+:mod:`attnft.methods.freeze.snapshot`).
 
 :func:`compute_fingerprint` hashes every parameter and persistent buffer of the base *before*
 training, except the tensors no base can vouch for:
@@ -15,14 +16,11 @@ little-endian float32, names in sorted order).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import nn
 
-from ..core.errors import AdapterError
-from .policy import PolicyReport
 from ..roles import Role, RoleMap, build_role_map
 
 
@@ -43,29 +41,10 @@ def compute_fingerprint(model: nn.Module, role_map: Optional[RoleMap] = None) ->
     size, on any device, process or machine, whatever float dtype holds them (hashed as float32);
     a base cast to bf16 holds other values, so load adapters before casting.
     """
-    return _fingerprint_state(model.state_dict(), unfingerprinted_names(model, role_map))
+    return fingerprint_state(model.state_dict(), unfingerprinted_names(model, role_map))
 
 
-def fingerprint_at_start(model: nn.Module, report: PolicyReport, base: "BaseSnapshot", left_out: set[str]) -> str:
-    """The fingerprint ``model`` would have with its trained tensors put back to their start values."""
-    state = model.state_dict()
-    for name, region in report.trainable.items():
-        if name in left_out:
-            continue
-        start = base.start_values.get(name)
-        if start is None:
-            raise AdapterError(f"the base snapshot has no start value for {name}: capture it after apply_policy with the same policy")
-        tensor = state[name].detach()
-        if region is None:
-            state[name] = start
-        else:
-            tensor = tensor.clone()
-            tensor[region.index(tensor.ndim)] = start.to(tensor.device, tensor.dtype)
-            state[name] = tensor
-    return _fingerprint_state(state, left_out)
-
-
-def _fingerprint_state(state: dict[str, torch.Tensor], left_out: set[str]) -> str:
+def fingerprint_state(state: dict[str, torch.Tensor], left_out: set[str]) -> str:
     digest = hashlib.sha256(b"attnft-fingerprint-v1\0")
     for name, tensor in sorted(state.items()):
         if name in left_out:
@@ -87,16 +66,3 @@ def _canonical_array(tensor: torch.Tensor):
         tensor = tensor.to(torch.int64)
     array = tensor.cpu().contiguous().numpy()
     return array.astype(array.dtype.newbyteorder("<"), copy=False)
-
-
-@dataclass
-class BaseSnapshot:
-    """What must be captured from the base before training: its fingerprint and the trained tensors' start values."""
-
-    fingerprint: str
-    start_values: dict[str, torch.Tensor]  # name -> trained part at the start (CPU copies), for delta mode
-
-    @classmethod
-    def capture(cls, model: nn.Module, report: PolicyReport) -> "BaseSnapshot":
-        start = {name: t.detach().to("cpu", copy=True) for name, t in report.trained_tensors(model).items()}
-        return cls(fingerprint=compute_fingerprint(model, report.role_map), start_values=start)

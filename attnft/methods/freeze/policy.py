@@ -27,16 +27,16 @@ import json
 import re
 import weakref
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import ClassVar, Optional, Union
 
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..core.errors import NoAttentionError, UnknownPolicyError
-from ..core.parsing import short
-from .defaults import TrainingDefaults
-from ..roles import Region, Role, RoleEntry, RoleMap, build_role_map, parse_role
+from ...core.errors import NoAttentionError, UnknownPolicyError
+from ...core.parsing import short
+from ..defaults import TrainingDefaults
+from ...roles import Region, Role, RoleEntry, RoleMap, build_role_map, parse_role
 
 BASE_POLICIES: dict[str, frozenset[Role]] = {
     # the official --attn-only: every attention weight, the classifier and the position embedding
@@ -249,6 +249,8 @@ class CountedByRole:
 @dataclass
 class PolicyReport(CountedByRole):
     """The outcome of :func:`apply_policy`: what trains, counted per role."""
+
+    method_name: ClassVar[str] = "freeze"  # its family in attnft.methods.METHODS
 
     model_name: str
     policy: Policy

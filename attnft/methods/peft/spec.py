@@ -16,7 +16,7 @@ from torch import nn
 from ...core.errors import UnknownPolicyError
 from ...core.parsing import parse_bool, short
 from ..defaults import TrainingDefaults
-from ..policy import POLICY_EDIT, parse_blocks
+from ..freeze.policy import POLICY_EDIT, parse_blocks
 from ...roles import Role, parse_role
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ _SPEC = re.compile(r"^(?P<method>[A-Za-z0-9_]+)(?P<edits>(?:[+-][A-Za-z_]+)*)(?:
 
 
 def is_peft_spec(spec: str) -> bool:
-    """Whether ``spec`` names a peft method (``lora...``, ``ia3...``); :func:`attnft.tuning.methods.parse_method` asks it."""
+    """Whether ``spec`` names a peft method (``lora...``, ``ia3...``); :func:`attnft.methods.parse_method` asks it."""
     m = re.match(r"\s*([A-Za-z0-9_]+)", spec)
     return bool(m) and m.group(1).lower() in PEFT_METHODS
 

@@ -8,16 +8,17 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..core.version import __version__
-from .cards import model_card
-from ..core.errors import AdapterError, ConfigError, StoreError
-from ..core.files import ADAPTER_FOLDER, PathLike, sha256_file, write_directory_atomically
-from ..tuning.fingerprint import BaseSnapshot, fingerprint_at_start, unfingerprinted_names
-from ..tuning.policy import PolicyReport
-from .base import timm_version
+from ...core.version import __version__
+from ..cards import model_card
+from ...core.errors import AdapterError, ConfigError, StoreError
+from ...core.files import ADAPTER_FOLDER, PathLike, sha256_file, write_directory_atomically
+from ..fingerprint import unfingerprinted_names
+from .snapshot import BaseSnapshot, fingerprint_at_start
+from .policy import PolicyReport
+from ..base_model import timm_version
 from .config import CARD_FILE, CONFIG_FILE, DELTA_DTYPES, FORMAT, MODES, WEIGHTS_FILE, AdapterConfig, region_to_json
 from .read import check_finite
-from .record import AdapterRecord
+from ..record import AdapterRecord
 
 
 def save_adapter(

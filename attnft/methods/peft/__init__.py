@@ -28,11 +28,9 @@ JSON. attnft's own adapters use the same two file names; ``attnft.json`` tells t
 
 Layout, as peft lays out a method: :mod:`.spec` (the *what*: options, the peft config, the
 policy spec), :mod:`.targets` (the *where*: the role map's modules), :mod:`.model` (applying,
-the report, optimizer groups). Saving and reading a peft adapter folder is the adapter layer's:
-:mod:`attnft.adapters.peft_sidecar` (``attnft.json``, read without peft) and
-:mod:`attnft.adapters.peft_files` (save, verify, load, model card). Several adapters on one base are
-served by :class:`attnft.multitask.peft_model.PeftMultiTask`. Whether a policy is a peft method at
-all is decided in one place, :func:`attnft.tuning.methods.parse_method`.
+the report, optimizer groups), :mod:`.names` (peft's tensor names), :mod:`.sidecar` (``attnft.json``, read
+without peft), :mod:`.files` (save, verify, load), and :mod:`.method`, the :class:`attnft.methods.Method`
+registered as ``peft``. Several adapters on one base are served by :class:`attnft.multitask.PeftMultiTask`.
 
 Importing this package imports no peft (seconds); :mod:`.model` does.
 """

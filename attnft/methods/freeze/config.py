@@ -4,16 +4,16 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 from torch import nn
 
-from ..core.checks import FLOAT_DTYPES, MAX_CLASSES, MAX_INPUT_SIDE, Fields
-from ..core.errors import AdapterError, AttnftError
-from ..core.files import ADAPTER_FORMAT, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE  # noqa: F401  (re-exported: the adapter format's files)
-from ..tuning.policy import Policy
-from ..roles import Region, Role, is_bias, parse_role
+from ...core.checks import FLOAT_DTYPES, MAX_CLASSES, MAX_INPUT_SIDE, Fields
+from ...core.errors import AdapterError, AttnftError
+from ...core.files import ADAPTER_FORMAT, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE  # noqa: F401  (re-exported: the adapter format's files)
+from .policy import Policy
+from ...roles import Region, Role, is_bias, parse_role
 
 FORMAT = ADAPTER_FORMAT
 FORMAT_VERSION = 1
@@ -24,6 +24,8 @@ DELTA_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 @dataclass
 class AdapterConfig:
     """``adapter_config.json``: everything needed to check an adapter fits a model and to use it."""
+
+    method_name: ClassVar[str] = "freeze"  # its family in attnft.methods.METHODS
 
     model_name: str  # as attnft.models.create_model takes it
     timm_version: str
@@ -169,6 +171,8 @@ def stored_shape(entry: dict) -> list[int]:
 @dataclass
 class Adapter:
     """An adapter read from disk: its config and its tensors as stored (values, or deltas)."""
+
+    method_name: ClassVar[str] = "freeze"  # its family in attnft.methods.METHODS
 
     config: AdapterConfig
     tensors: dict[str, torch.Tensor]

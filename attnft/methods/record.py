@@ -13,7 +13,7 @@ from typing import Optional
 from torch import nn
 
 from ..core.errors import ConfigError
-from .base import base_model_args, base_model_name, current_input_size, default_data_config, jsonable
+from .base_model import base_model_args, base_model_name, current_input_size, default_data_config, jsonable
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,13 @@ import json
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Optional, Union
+from typing import ClassVar, Optional, Union
 
-from ..core.checks import MAX_CLASSES, MAX_INPUT_SIDE, Fields
-from ..core.files import CONFIG_FILE, PEFT_SIDECAR_FORMAT, SIDECAR_FILE, WEIGHTS_FILE
-from ..core.errors import AdapterError
+from ...core.checks import MAX_CLASSES, MAX_INPUT_SIDE, Fields
+from ...core.files import CONFIG_FILE, PEFT_SIDECAR_FORMAT, SIDECAR_FILE, WEIGHTS_FILE
+from ...core.errors import AdapterError
 
-PEFT_METHOD_NAMES = ("lora", "ia3")  # attnft.tuning.peft.spec.PEFT_METHODS, which imports torch (a test keeps them equal)
+PEFT_METHOD_NAMES = ("lora", "ia3")  # attnft.methods.peft.spec.PEFT_METHODS, which imports torch (a test keeps them equal)
 
 SIDECAR_FORMAT = PEFT_SIDECAR_FORMAT
 SIDECAR_VERSION = 1
@@ -24,6 +24,8 @@ SIDECAR_VERSION = 1
 @dataclass(frozen=True)
 class PeftAdapterInfo:
     """What ``attnft.json`` says about a peft adapter folder."""
+
+    method_name: ClassVar[str] = "peft"  # its family in attnft.methods.METHODS
 
     path: Path
     method: str  # lora | ia3

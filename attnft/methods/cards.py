@@ -13,8 +13,8 @@ from ..models import library_for_name
 from ..models.library import PlainExport
 
 if TYPE_CHECKING:
-    from .config import AdapterConfig
-    from .peft_sidecar import PeftAdapterInfo
+    from .freeze.config import AdapterConfig
+    from .peft.sidecar import PeftAdapterInfo
 
 
 def model_card(config: "AdapterConfig", title: str, license: Optional[str] = None) -> str:

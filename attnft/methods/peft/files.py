@@ -16,17 +16,17 @@ from peft import PeftConfig, PeftModel
 from peft import __version__ as PEFT_VERSION
 from torch import nn
 
-from ..core.version import __version__
-from .cards import peft_model_card
-from .record import AdapterRecord
-from ..core.errors import AdapterError, BaseMismatchError
-from ..core.files import ADAPTER_FOLDER, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, sha256_file, write_directory_atomically
-from ..tuning.fingerprint import compute_fingerprint
-from ..roles import is_under
-from ..tuning.peft.model import PeftReport
-from .peft_sidecar import SIDECAR_FILE, SIDECAR_FORMAT, SIDECAR_VERSION, PeftAdapterInfo, read_peft_adapter
-from ..tuning.peft.names import unprefixed
-from ..tuning.peft.spec import PEFT_METHODS
+from ...core.version import __version__
+from ..cards import peft_model_card
+from ..record import AdapterRecord
+from ...core.errors import AdapterError, BaseMismatchError
+from ...core.files import ADAPTER_FOLDER, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, sha256_file, write_directory_atomically
+from ..fingerprint import compute_fingerprint
+from ...roles import is_under
+from .model import PeftReport
+from .sidecar import SIDECAR_FILE, SIDECAR_FORMAT, SIDECAR_VERSION, PeftAdapterInfo, read_peft_adapter
+from .names import unprefixed
+from .spec import PEFT_METHODS
 
 
 def save_peft_adapter(

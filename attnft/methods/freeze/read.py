@@ -9,9 +9,9 @@ from typing import Mapping, Optional
 
 import torch
 
-from ..core.errors import AdapterError, first_line
-from ..core.files import PathLike, sha256_file
-from ..roles import Role, is_weight
+from ...core.errors import AdapterError, first_line
+from ...core.files import PathLike, sha256_file
+from ...roles import Role, is_weight
 from .config import CONFIG_FILE, WEIGHTS_FILE, Adapter, AdapterConfig, stored_shape
 
 

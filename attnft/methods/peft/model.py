@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Optional, Union
+from typing import ClassVar, Optional, Union
 
 import safetensors.torch
 import torch
@@ -15,7 +15,7 @@ from torch import nn
 from ..fingerprint import compute_fingerprint
 from ...core.errors import AdapterError, NoAttentionError, UnknownPolicyError
 from ...core.parsing import short
-from ..policy import CountedByRole, RoleCount
+from ..freeze.policy import CountedByRole, RoleCount
 from ...roles import Role, RoleMap, build_role_map, module_of
 from .names import unprefixed
 from .spec import PeftPolicy
@@ -24,11 +24,13 @@ from .targets import PeftTargets, check_injection, peft_target_modules, select_t
 
 @dataclass
 class PeftReport(CountedByRole):
-    """What :func:`apply_peft_policy` adapted, counted per role like :class:`attnft.tuning.policy.PolicyReport`.
+    """What :func:`apply_peft_policy` adapted, counted per role like :class:`attnft.methods.freeze.policy.PolicyReport`.
 
     ``total`` counts the base model's parameters by role; ``trainable`` counts the adapter
     tensors attached to modules of each role (the head's trained copy under ``head``).
     """
+
+    method_name: ClassVar[str] = "peft"  # its family in attnft.methods.METHODS
 
     model_name: str
     policy: PeftPolicy

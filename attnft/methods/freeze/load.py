@@ -7,13 +7,12 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from ..core.errors import AdapterError, BaseMismatchError
-from ..core.files import PathLike
-from ..tuning.fingerprint import compute_fingerprint, unfingerprinted_names
-from ..tuning.methods import parse_method
-from ..tuning.policy import resolve_policy
-from ..roles import Region, RoleMap, build_role_map
-from .base import current_input_size
+from ...core.errors import AdapterError, BaseMismatchError
+from ...core.files import PathLike
+from ..fingerprint import compute_fingerprint, unfingerprinted_names
+from .policy import resolve_policy
+from ...roles import Region, RoleMap, build_role_map
+from ..base_model import current_input_size
 from .config import Adapter, AdapterConfig, region_from_json
 from .read import read_adapter
 
@@ -40,7 +39,7 @@ def load_adapter(
     where = f"adapter {adapter.path}" if adapter.path else "the adapter"
     if num_classes is not None and num_classes != config.num_classes:
         raise AdapterError(f"{where} has {config.num_classes} classes, {num_classes} were expected")
-    if policy is not None and parse_method(policy).name != config.policy:
+    if policy is not None and str(policy).strip() != config.policy:  # a spec's name is the spec, stripped
         raise AdapterError(f"{where} was trained under policy {config.policy!r}, {policy!r} was expected")
 
     # everything but the head and the grid-sized tables must fit before the model is touched
@@ -85,7 +84,7 @@ def load_adapter(
 
 def expected_tensors(role_map: RoleMap, policy: str) -> dict[str, Optional[Region]]:
     """What freezing policy ``policy`` trains on a model with ``role_map``: name -> None (whole) or the
-    trained region; :meth:`attnft.tuning.policy.Policy.select`, the selection training makes."""
+    trained region; :meth:`attnft.methods.freeze.policy.Policy.select`, the selection training makes."""
     return resolve_policy(policy).select(role_map)
 
 
