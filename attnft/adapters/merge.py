@@ -21,6 +21,7 @@ from typing import Optional, Union
 
 from torch import nn
 
+from ..methods.base_model import base_build_kwargs
 from ..methods.cards import export_card
 from ..methods.freeze.config import Adapter, AdapterConfig
 from ..methods.freeze.load import load_adapter
@@ -41,8 +42,7 @@ def create_base(config: AdapterConfig, checkpoint: Optional[PathLike] = None) ->
     the pretrained weights of ``config.model_name`` (the hub, or its local cache offline).
     Position tensors are resampled to the adapter's size by :func:`attnft.models.create_model`.
     """
-    # architecture kwargs (embed_dim, ...) as timm recorded them; classes and size come from the adapter
-    build_args = {k: v for k, v in config.model_args.items() if k not in ("num_classes", "img_size")}
+    build_args = base_build_kwargs(config.model_args)  # architecture kwargs (embed_dim, ...) as timm recorded them
     return create_model(
         config.model_name,
         pretrained=True,

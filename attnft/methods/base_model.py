@@ -36,6 +36,12 @@ def base_model_args(model: nn.Module) -> dict:
     return kept
 
 
+def base_build_kwargs(model_args: dict) -> dict:
+    """The recorded architecture arguments (embed_dim, ...) to build the base again; classes and size come from the
+    adapter."""
+    return {k: v for k, v in model_args.items() if k not in ("num_classes", "img_size")}
+
+
 def default_data_config(model: nn.Module, size: int) -> dict:
     from timm.data import resolve_model_data_config
 

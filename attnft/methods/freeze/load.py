@@ -7,12 +7,12 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from ...core.errors import AdapterError, BaseMismatchError
+from ...core.errors import AdapterError, BaseMismatchError, ConfigError, first_line
 from ...core.files import PathLike
 from ..fingerprint import compute_fingerprint, unfingerprinted_names
 from .policy import resolve_policy
 from ...roles import Region, RoleMap, build_role_map
-from ..base_model import current_input_size
+from ..base_model import base_build_kwargs, current_input_size
 from .config import Adapter, AdapterConfig, region_from_json
 from .read import read_adapter
 
@@ -131,3 +131,40 @@ def _fit_input_size(model: nn.Module, created_at: int, size: int, where: str) ->
             f"and cannot be resized in place: create the base at that size (--res {size}, img_size={size} in Python)"
         )
     # a model that takes any input size (PVTv2) needs nothing; grid-sized tables are checked next
+
+
+def check_fits_base_at_its_size(config: AdapterConfig, where: str) -> None:
+    """AdapterError unless the adapter fits its base built at its input size: the position tables it stores have
+    that grid's shape, and the base takes one image of that size. The base is built on the meta device from the
+    recorded name and arguments, so nothing is allocated, read or downloaded. When that cannot rebuild the base as
+    trained (a hub model offline, arguments JSON could not record), nothing is said here: loading checks the real one."""
+    from ...models import create_model
+
+    size, kwargs = config.input_size, base_build_kwargs(config.model_args)
+    try:
+        with torch.device("meta"):
+            create_model(config.model_name, pretrained=False, num_classes=config.num_classes, **kwargs)
+    except Exception:  # noqa: BLE001  an unknown or unreachable base: its load says what is wrong
+        return
+    try:  # the base builds: at the adapter's size too?
+        with torch.device("meta"):
+            model = create_model(config.model_name, pretrained=False, img_size=size, num_classes=config.num_classes,
+                                 **kwargs)
+    except ConfigError as e:
+        raise AdapterError(f"{where}: input_size {size}: {first_line(e)}") from None
+    role_map = build_role_map(model)
+    params = dict(model.named_parameters())
+    shapes = {name: list(params[name].shape) if name in params else None for name in config.tensors}
+    if any(shapes[name] != list(entry["shape"]) for name, entry in config.tensors.items()
+           if not role_map.is_grid_sized(name)):
+        return  # not the base it was trained on: the shapes that do not depend on the size differ
+    for name, entry in config.tensors.items():
+        if shapes[name] != list(entry["shape"]):
+            raise AdapterError(f"{where}: input_size {size}: {name} has shape {tuple(entry['shape'])}, "
+                               f"{config.model_name} at {size} px has {tuple(shapes[name] or ())}")
+    try:
+        with torch.no_grad():
+            model.eval()(torch.empty(1, 3, size, size, device="meta"))
+    except Exception as e:  # noqa: BLE001  what the model says of the size, in one line
+        raise AdapterError(f"{where}: input_size {size}: {config.model_name} cannot take {size} px images "
+                           f"({first_line(e)})") from None

@@ -10,7 +10,7 @@ from torch import nn
 from ..base import Applied, Method, Tuning, show_fields
 from ..defaults import TrainingDefaults
 from .config import Adapter, AdapterConfig
-from .load import load_adapter
+from .load import check_fits_base_at_its_size, load_adapter
 from .policy import apply_policy, resolve_policy
 from .read import read_adapter, read_config, verify_adapter
 from .save import save_adapter
@@ -80,7 +80,9 @@ class Freeze(Method):
         return read_adapter(path)
 
     def verify(self, path) -> AdapterConfig:
-        return verify_adapter(path)
+        config = verify_adapter(path)
+        check_fits_base_at_its_size(config, f"adapter {path}")
+        return config
 
     def load(self, model, source, **kwargs) -> nn.Module:
         load_adapter(model, source, **kwargs)
