@@ -47,7 +47,7 @@ class RunPlan:
     new_head: bool
     fits: Optional[bool]  # the base's head fits the dataset's classes (None: the base's names are unknown)
     data_cfg: dict
-    res: int  # pixels
+    res: int  # pixels: the square input side the model was built at, the one field every later phase reads
     name: str  # the adapter's
     output_dir: Path
     checkpoint: Optional[Path]  # the one to resume from
@@ -61,7 +61,7 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
     from .. import bundled  # noqa: F401  registers the default model in timm
     from ..adapters.store import AdapterStore
     from ..data import check_auto_augment, check_inat_category, quiet_datasets
-    from ..models import base_label_names, create_model, data_config, head_fits
+    from ..models import base_label_names, create_model, data_config, head_fits, model_img_size
     from ..roles import build_role_map
     from ..methods import parse_method
 
@@ -99,8 +99,8 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
     elif model.num_classes != task.num_classes:
         raise ConfigError(f"--no-new-head: the base predicts {model.num_classes} classes, "
                           f"{task.source} has {task.num_classes}")
-    data_cfg = data_config(model, cfg.res, cfg.crop_pct, cfg.background)
-    res = int(data_cfg["input_size"][-1])
+    res = model_img_size(model)[-1]  # the run's resolution, once: the data config, the adapter and the runner read it
+    data_cfg = data_config(model, res, cfg.crop_pct, cfg.background)
     applied = method.apply(model)  # base: the base's identity before any weight moves (peft: in the report)
     on_exit.callback(applied.report.remove_hooks)  # the frozen-region restore hooks every optimizer in the process
     _check_memory_fits(cfg, applied, accelerator, data_cfg)

@@ -206,7 +206,7 @@ def _trained_model(model: nn.Module, plan: RunPlan) -> nn.Module:
     from ..models import create_model
 
     state = accelerator.get_state_dict(model)  # full weights, gathered on the main process
-    copy = create_model(plan.cfg.model, pretrained=False, img_size=plan.cfg.res)
+    copy = create_model(plan.cfg.model, pretrained=False, img_size=plan.res)
     if copy.num_classes != plan.task.num_classes:
         copy.reset_classifier(plan.task.num_classes)
     if accelerator.is_main_process:
