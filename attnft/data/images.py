@@ -139,7 +139,22 @@ class _Decoder:
         return image, int(row[self.label_key])
 
 
-class ImageClassificationDataset(Dataset):
+class _DecodedRows:
+    """What both kinds of split share: the decoder of their rows, the source it names, the images it skipped."""
+
+    _decoder: "_Decoder"
+
+    @property
+    def source(self) -> str:
+        return self._decoder.source
+
+    @property
+    def skipped(self) -> set[str]:
+        """Images found unreadable so far in this process (paths, or sample descriptions)."""
+        return self._decoder.skipped
+
+
+class ImageClassificationDataset(_DecodedRows, Dataset):
     """Map-style split: item ``i`` is ``(PIL RGB or RGBA image, int label)``, or ``None`` if the image is unreadable.
 
     ``rows`` is anything indexable by int that returns dicts (a ``datasets.Dataset``
@@ -151,15 +166,6 @@ class ImageClassificationDataset(Dataset):
         self.rows = rows
         self.indices = indices
         self._decoder = _Decoder(image_key, label_key, source)
-
-    @property
-    def source(self) -> str:
-        return self._decoder.source
-
-    @property
-    def skipped(self) -> set[str]:
-        """Images found unreadable so far in this process (paths, or sample descriptions)."""
-        return self._decoder.skipped
 
     def __len__(self) -> int:
         return len(self.indices) if self.indices is not None else len(self.rows)
@@ -179,7 +185,7 @@ class ImageClassificationDataset(Dataset):
         )
 
 
-class ImageClassificationIterable(IterableDataset):
+class ImageClassificationIterable(_DecodedRows, IterableDataset):
     """Streaming split: yields ``(PIL RGB or RGBA image, int label)`` and silently drops unreadable images after warning.
 
     ``rows`` is a ``datasets.IterableDataset`` (image column with ``decode=False``); it
@@ -190,13 +196,6 @@ class ImageClassificationIterable(IterableDataset):
         self.rows = rows
         self._decoder = _Decoder(image_key, label_key, source)
 
-    @property
-    def source(self) -> str:
-        return self._decoder.source
-
-    @property
-    def skipped(self) -> set[str]:
-        return self._decoder.skipped
 
     def set_epoch(self, epoch: int) -> None:
         self.rows.set_epoch(epoch)

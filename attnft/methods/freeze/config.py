@@ -1,6 +1,7 @@
 """``adapter_config.json`` and an adapter in memory: what was trained, on which base, at which size."""
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -106,7 +107,7 @@ class AdapterConfig:
         """The policy parses, every stored tensor has a role it trains, and each role it trains that every ViT has
         is among them: a config saying ``full`` over attention-only tensors (or roles rewritten) is refused."""
         try:
-            policy = Policy.parse(self.policy)
+            policy = self.parsed_policy
         except AttnftError as e:
             raise AdapterError(f"{source}: policy {self.policy[:60]!r} is not a freezing policy ({e})") from None
         if any(entry.get("role") is None for entry in self.tensors.values()):
@@ -124,6 +125,11 @@ class AdapterConfig:
     @property
     def regions(self) -> dict[str, Optional[Region]]:
         return {name: region_from_json(entry.get("region")) for name, entry in self.tensors.items()}
+
+    @functools.cached_property
+    def parsed_policy(self) -> Policy:
+        """``policy`` parsed, once: the check on read and the load's expected tensors share it."""
+        return Policy.parse(self.policy)
 
 
 def _trains(policy: Policy, role: Role, bias: bool) -> bool:

@@ -10,7 +10,7 @@ from torch import nn
 from ...core.errors import AdapterError, BaseMismatchError, ConfigError, first_line
 from ...core.files import PathLike
 from ..fingerprint import compute_fingerprint, unfingerprinted_names
-from .policy import resolve_policy
+from .policy import Policy, resolve_policy
 from ...roles import Region, RoleMap, build_role_map
 from ..base_model import base_build_kwargs, current_input_size
 from .config import Adapter, AdapterConfig, region_from_json
@@ -82,7 +82,7 @@ def load_adapter(
     return config
 
 
-def expected_tensors(role_map: RoleMap, policy: str) -> dict[str, Optional[Region]]:
+def expected_tensors(role_map: RoleMap, policy: Union[str, Policy]) -> dict[str, Optional[Region]]:
     """What freezing policy ``policy`` trains on a model with ``role_map``: name -> None (whole) or the
     trained region; :meth:`attnft.methods.freeze.policy.Policy.select`, the selection training makes."""
     return resolve_policy(policy).select(role_map)
@@ -90,7 +90,7 @@ def expected_tensors(role_map: RoleMap, policy: str) -> dict[str, Optional[Regio
 
 def _check_names(role_map: RoleMap, config: AdapterConfig, where: str, skip: set[str] = frozenset()) -> None:
     """The adapter holds exactly the tensors (and regions) its policy trains on this model."""
-    expected = expected_tensors(role_map, config.policy)
+    expected = expected_tensors(role_map, config.parsed_policy)
     missing = [n for n in expected if n not in config.tensors and n not in skip]
     extra = [n for n in config.tensors if n not in expected and n not in skip]
     if missing or extra:
