@@ -16,11 +16,15 @@ For each size it measures, in one run:
   plain timm loop (``ImageFolder`` + ``timm.data.create_transform`` + ``DataLoader``, the same workers, model,
   batch and AdamW), steady-state images/s over windows of 25 steps after the first;
 - with ``--whole N``: the same two as whole processes (start, one epoch, top-1 on ``val``), full and attn, wall
-  seconds, the best of ``--repeats``, interleaved.
+  seconds, the best of ``--repeats``, interleaved;
+- with ``--timm-train TRAIN_PY``: ``attnft finetune --policy full`` against timm's own ``train.py`` (not in timm's
+  pip package: a clone's, or ``../shared/peer/timm_train.py``), whole processes, the default model, batch 64.
 
     python benchmarks/data_speed.py --out benchmarks/results          # 10k and 100k, ratio 1k/40k, throughput 8k
     python benchmarks/data_speed.py --sizes 10000 --ratio-sizes 1000 4000 --throughput 0 --whole 0     # a quick look
     python benchmarks/data_speed.py --sizes --ratio-sizes --inat 0 --throughput 0 --whole 8000    # whole processes only
+    python benchmarks/data_speed.py --sizes --ratio-sizes --inat 0 --throughput 0 --whole 0 \
+        --timm-train ../shared/peer/timm_train.py                                                # against timm's train.py
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ from pathlib import Path
 from attnft.training.speed import default_workers
 
 MODEL = "vit_fmnist_patch4_28"
+WHOLE_MODEL = "vit_fmnist_patch16_224"  # against timm's train.py: attnft's default model
 TINY = ["--model", MODEL, "--max-train", "128", "--max-eval", "128", "--epochs", "1", "--workers", "0"]
 UNIQUE_IMAGES = 2000
 WINDOW = 25  # steps per images/s window
@@ -252,6 +257,41 @@ def whole_plain(folder: Path, policy: str, workers: int, work: Path) -> float:
     return _wall(command, Path(tempfile.mkdtemp(dir=work)), {})
 
 
+def whole_timm(folder: Path, workers: int, work: Path, script: Path) -> float:
+    """Wall seconds of timm's own ``train.py`` (``script``, from a timm clone: ../shared/peer/README.md) in a new
+    process, on the same folder, model, batch, optimizer, schedule and loss as ``attnft finetune --policy full``:
+    start-up, one epoch, its evaluation of ``val``."""
+    run = Path(tempfile.mkdtemp(dir=work))
+    code = ("import sys, runpy, attnft.bundled; sys.argv = ['train.py'] + sys.argv[1:]; "
+            f"runpy.run_path({str(script)!r}, run_name='__main__')")
+    command = [sys.executable, "-c", code, "--data-dir", str(folder), "--train-split", "train", "--val-split", "val",
+               "--model", WHOLE_MODEL, "--pretrained", "--num-classes", "10", "-b", "64", "--epochs", "1",
+               "--lr", "5e-4", "--opt", "adamw", "--weight-decay", "0.05", "--sched", "cosine", "--warmup-epochs", "0",
+               "--smoothing", "0.1", "--workers", str(workers), "--no-aug", "--device", "cpu", "--output", str(run)]
+    return _wall(command, run, {})
+
+
+def whole_attnft_as_timm(folder: Path, workers: int, work: Path, *extra: str) -> float:
+    """``attnft finetune --policy full`` with timm's flags of :func:`whole_timm` (its defaults are those: AdamW,
+    wd 0.05, cosine, smoothing 0.1, no augmentation for one epoch)."""
+    run = Path(tempfile.mkdtemp(dir=work))
+    command = [sys.executable, "-m", "attnft", "finetune", "--dataset", str(folder), "--model", WHOLE_MODEL,
+               "--policy", "full", "--epochs", "1", "--lr", "5e-4", "--batch-size", "64", "--workers", str(workers),
+               "--store", str(run / "store"), "--output-dir", str(run / "run"), "--no-progress", *extra]
+    return _wall(command, run, {"ATTNFT_CACHE_DIR": str(run / "cache")})
+
+
+def time_against_timm(folder: Path, workers: int, work: Path, repeats: int, script: Path) -> dict:
+    """The best of ``repeats`` whole processes of attnft and of timm's train.py, interleaved; attnft also without
+    its evaluation before training (timm's script has none)."""
+    times = {"attnft_s": [], "attnft_no_eval_before_s": [], "timm_s": []}
+    for _ in range(repeats):
+        times["timm_s"].append(whole_timm(folder, workers, work, script))
+        times["attnft_s"].append(whole_attnft_as_timm(folder, workers, work))
+        times["attnft_no_eval_before_s"].append(whole_attnft_as_timm(folder, workers, work, "--no-eval-before"))
+    return {key: min(values) for key, values in times.items()}
+
+
 def _wall(command: list[str], cwd: Path, env: dict) -> float:
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env={**os.environ, **env})
@@ -294,6 +334,13 @@ def render(results: dict) -> str:
         lines += ["", f"iNaturalist 2018 json, {inat['images']:,} training images, {inat['classes']:,} classes: "
                   f"first training sample {inat['mapped_s']:.1f} s after `load_task` (mapped), "
                   f"{inat['streamed_s']:.1f} s (streamed)"]
+    timm = results.get("timm")
+    if timm:
+        lines += ["", f"one epoch of full fine-tuning of {WHOLE_MODEL} on {timm['images']:,} images, batch 64, "
+                  f"{timm['workers']} worker(s), whole process, best of {timm['repeats']}: attnft "
+                  f"{timm['attnft_s']:.1f} s, timm's train.py {timm['timm_s']:.1f} s "
+                  f"({timm['attnft_s'] / timm['timm_s']:.2f}x); attnft --no-eval-before "
+                  f"{timm['attnft_no_eval_before_s']:.1f} s ({timm['attnft_no_eval_before_s'] / timm['timm_s']:.2f}x)"]
     speed = results.get("throughput")
     if speed:
         lines += ["", f"one epoch of full fine-tuning on {speed['images']:,} images, {speed['workers']} worker(s), "
@@ -342,6 +389,11 @@ def measure(args, work: Path) -> dict:
         results["whole"] = {"images": args.whole, "workers": workers, "repeats": args.repeats,
                             **time_whole(folder, workers, work, args.repeats)}
         print(json.dumps(results["whole"]), flush=True)
+    if args.timm_train:
+        folder = make_folder(args.out_dir, args.whole or 8_000, "split")
+        results["timm"] = {"images": args.whole or 8_000, "workers": workers, "repeats": args.repeats,
+                           **time_against_timm(folder, workers, work, args.repeats, args.timm_train)}
+        print(json.dumps(results["timm"]), flush=True)
     if args.throughput:
         folder = make_folder(args.out_dir, args.throughput, "split")
         ours, plain = [], []
@@ -365,6 +417,9 @@ def main() -> None:
     parser.add_argument("--inat", type=int, default=100_000, help="images of the iNaturalist json; 0: skip")
     parser.add_argument("--throughput", type=int, default=8_000, help="images of the throughput folder; 0: skip")
     parser.add_argument("--whole", type=int, default=8_000, help="images of the whole-process folder; 0: skip")
+    parser.add_argument("--timm-train", type=Path, default=None, metavar="TRAIN_PY",
+                        help="also time timm's own train.py (a timm clone's, or ../shared/peer/timm_train.py) against "
+                             "attnft finetune --policy full on the --whole folder, default model, batch 64")
     parser.add_argument("--workers", type=int, default=None, help="loader workers of both loops (attnft's default)")
     parser.add_argument("--plain-epoch", type=Path, default=None, help=argparse.SUPPRESS)  # whole_plain's process
     parser.add_argument("--policy", default="full", help=argparse.SUPPRESS)

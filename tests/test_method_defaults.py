@@ -77,3 +77,11 @@ def test_lr_on_the_command_line_or_in_a_recipe_wins(capsys, tmp_path):
     recipe.write_text("policy: head\nlr: 7.0e-4\nbatch_size: 32\n")
     assert main(_run(tmp_path, "--recipe", str(recipe), "--overwrite")) == 0
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["lr"] == pytest.approx(7e-4)
+
+
+@pytest.mark.parametrize("policy, says", [("lora", "after a linear warmup over 20% of the run"), ("attn", "after no warmup")])
+def test_policies_prints_the_default_lr_and_warmup_with_their_source(capsys, policy, says):
+    assert main(["policies", "vit_fmnist_patch4_28", "--policy", policy]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("default lr:"))
+    defaults = parse_method(policy).defaults
+    assert f"{defaults.lr:.1e} at batch 64" in line and says in line and defaults.source in line

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     defaults = method.defaults
     print(report.format_table())
-    print(f"\ndefault lr: {defaults.lr:.1e} at batch {defaults.base_batch}, scaled with the global batch "
-          f"({method.family}'s own: {defaults.source}); --lr sets another")
+    warmup = f"a linear warmup over {defaults.warmup:.0%} of the run" if defaults.warmup else "no warmup"
+    print(f"\ndefault lr: {defaults.lr:.1e} at batch {defaults.base_batch}, scaled with the global batch, after "
+          f"{warmup} ({method.family}'s own: {defaults.source}); --lr and --warmup-epochs set others")
     return 0
