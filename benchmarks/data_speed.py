@@ -284,6 +284,7 @@ def whole_attnft_as_timm(folder: Path, workers: int, work: Path, *extra: str) ->
 def time_against_timm(folder: Path, workers: int, work: Path, repeats: int, script: Path) -> dict:
     """The best of ``repeats`` whole processes of attnft and of timm's train.py, interleaved; attnft also without
     its evaluation before training (timm's script has none)."""
+    script = script.resolve()  # the runs start in folders of their own
     times = {"attnft_s": [], "attnft_no_eval_before_s": [], "timm_s": []}
     for _ in range(repeats):
         times["timm_s"].append(whole_timm(folder, workers, work, script))

@@ -78,7 +78,8 @@ def finetune(cfg: FinetuneConfig, *, on_epoch: Optional[Callable[[int, EvalResul
             validation = Validation(parts.eval_loader, plan.task.label_names, accelerator, metrics, cfg.progress)
             eval_before = plan.checkpoint is None and not plan.new_head and cfg.eval_before
             clock = StepClock(parts.total_steps, position.step, accelerator)
-            clock.estimate_from_forward(parts.model, parts.eval_loader, cfg.grad_accum,
+            clock.estimate_from_forward(parts.model, cfg.batch_size, tuple(plan.data_cfg["input_size"]),
+                                        len(parts.eval_loader), cfg.grad_accum,
                                         _evaluations(cfg, eval_before, parts.steps_per_epoch))
             if eval_before:  # printed once, in the closing lines
                 accuracy_before = validate(parts.model, validation, "eval before", 0, 0, before_training=True).top1

@@ -1,7 +1,7 @@
 """How long a run takes: the estimate printed before anything long, refined by the first steps,
 and the progress bar it prints through.
 
-The estimate comes from one measured forward pass of an eval batch (a training step counted as
+The estimate comes from one measured forward pass of a batch of blank images (a training step counted as
 three forwards), then from the second optimizer step (the first warms up kernels and allocators);
 a run estimated long gets a hint on how to shorten it, once.
 """
@@ -42,22 +42,21 @@ class StepClock:
         self.progress = progress
         self.started = time.perf_counter()
 
-    def estimate_from_forward(self, model, eval_loader, grad_accum: int, evaluations: int) -> None:
-        """Before anything long: the run's time from one measured forward pass of an eval batch (a
-        training step counted as three forwards: forward, and a backward about twice as long)."""
-        # the first batch with a readable image (the collate gives None for a batch of unreadable ones)
-        batch = next((b for b in eval_loader if b is not None), None)
-        if batch is None:
-            return
+    def estimate_from_forward(self, model, images: int, input_size: tuple[int, int, int], eval_batches: int,
+                              grad_accum: int, evaluations: int) -> None:
+        """Before anything long: the run's time from one measured forward pass of a batch of ``images`` blank
+        images of ``input_size`` (C, H, W) (a training step counted as three forwards: forward, and a backward about twice as
+        long; an evaluation as ``eval_batches`` forwards). Blank images: no loader is started for it."""
         model.eval()  # every process runs it: a DDP forward may sync buffers; the main one prints
+        blank = torch.zeros(images, *input_size, device=self.accelerator.device)
         with torch.no_grad():
             start = time.perf_counter()
-            model(batch[0])
+            model(blank)
             _synchronize(self.accelerator.device)
             forward = time.perf_counter() - start
         steps = self.total - self.start_step
-        self._say(forward * (3 * steps * grad_accum + len(eval_loader) * evaluations), 3 * forward, 0,
-                  how=f"from one forward pass of {len(batch[0])} images, {evaluations} evaluation(s) counted")
+        self._say(forward * (3 * steps * grad_accum + eval_batches * evaluations), 3 * forward, 0,
+                  how=f"from one forward pass of {images} images, {evaluations} evaluation(s) counted")
 
     def step_done(self, step: int) -> None:
         done = step - self.start_step
