@@ -321,7 +321,7 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=32, help="the mixed-batching server's --max-batch")
     parser.add_argument("--client", nargs="+", choices=("httpx", "raw"), default=["httpx", "raw"],
                         help="load generators: httpx's AsyncClient, and raw HTTP/1.1 on asyncio streams")
-    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--max-wait-ms", type=float, default=0.0, help="the mixed-batching server's (attnft serve's default: 0)")
     parser.add_argument("--memory-tasks", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--out", default=None, help="folder for serve.json and serve.md")
     parser.add_argument("--rss-child", nargs=3, metavar=("STORE", "KIND", "N"), help=argparse.SUPPRESS)
