@@ -178,7 +178,7 @@ class FinetuneConfig:
     grad_accum: int = _opt(1, "micro-batches accumulated per optimizer step", group=OPTIM)
     optimizer: str = _opt("adamw", "adamw, or sgd (Nesterov momentum)", choices=OPTIMIZERS, group=OPTIM)
     lr: Optional[float] = _opt(None, "peak learning rate, reached after the warmup (default: the policy's own, e.g. "
-                               "attn 5e-4, head 5e-2, lora 5e-3, at batch 64, scaled by global batch / 64; "
+                               "attn 5e-4, head 2e-1, lora 1e-2, at batch 64, scaled by global batch / 64; "
                                "attnft policies lists them)", group=OPTIM)
     min_lr: float = _opt(1e-6, "learning rate at the end of the cosine", group=OPTIM)
     warmup_epochs: Optional[float] = _opt(None, "linear warmup length in epochs, fractions allowed (default: the "
