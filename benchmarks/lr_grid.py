@@ -89,6 +89,14 @@ def render(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rows(path: Path) -> list[dict]:
+    """The rows of a results file (``{"rows": [...]}``) or of a run's log (one JSON row a line)."""
+    text = path.read_text()
+    if text.lstrip().startswith("{\n") or text.lstrip().startswith('{"commands"'):
+        return json.loads(text)["rows"]
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", nargs="+", default=["digits28", "mnist28", "fmnist56", "mnist_rgba"], choices=list(TASKS))
@@ -104,7 +112,7 @@ def main() -> None:
     parser.add_argument("--from-rows", type=Path, nargs="+", metavar="FILE", help="render earlier rows instead of running")
     args = parser.parse_args()
     if args.from_rows:
-        rows = [json.loads(line) for path in args.from_rows for line in path.read_text().splitlines() if line.startswith("{")]
+        rows = [row for path in args.from_rows for row in _rows(path)]
         print(render(rows))
         return
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
