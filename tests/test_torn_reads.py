@@ -50,6 +50,7 @@ def test_a_read_during_an_in_place_rewrite_is_whole_or_refused(tmp_path):
                 with open(served / name, "r+b") as f:
                     f.write(versions[i % 2][name])
                     f.truncate()
+            time.sleep(0.002)  # a moment whole between rewrites, as a copy tool leaves one between files
 
     writer = threading.Thread(target=rewrite, daemon=True)
     writer.start()

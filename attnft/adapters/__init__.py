@@ -1,4 +1,6 @@
-"""Adapters in attnft's format: the tensors a freezing policy trained, saved with the identity of the base they fit.
+"""Adapters on disk, of every method family; here attnft's own format (the freezing policies': its home is
+:mod:`attnft.methods.freeze`), re-exported where adapters were always imported from, with the store
+(:mod:`.store`) and exports (:mod:`.merge`) beside it.
 
 An adapter is a folder of three files::
 
@@ -29,10 +31,11 @@ reader sees the old adapter or the new one, never a half-written one. Reading ch
 header, the size and the sha256 against the config before any tensor is parsed, and never
 unpickles. A tensor holding NaN or inf is never saved, and reading or verifying refuses one.
 
-Layout: :mod:`.config` (the JSON and the adapter in memory), :mod:`.record` (what the caller says an
-adapter is: base, size, classes, data config, training, licence), :mod:`.save`, :mod:`.read`
-(and verify), :mod:`.load`, :mod:`.base` (what is recorded to create the base again). The
-fingerprint, the card and the atomic writes are re-exported here from their own modules.
+Layout of the format, in :mod:`attnft.methods.freeze`: ``config`` (the JSON and the adapter in memory), ``save``,
+``read`` (and verify), ``load``, ``snapshot`` (the base captured before training); :mod:`attnft.methods.record` (what
+the caller says an adapter is: base, size, classes, data config, training, licence) and
+:mod:`attnft.methods.base_model` (what is recorded to create the base again). The fingerprint, the card and the
+atomic writes are re-exported here from their own modules.
 """
 from ..methods.cards import model_card
 from ..core.files import (

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 from torch import nn
 
 from ..methods.freeze.config import Adapter, AdapterConfig
-from ..core.files import CARD_FILE, CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE
+from ..core.files import CONFIG_FILE, WEIGHTS_FILE
 from ..methods.freeze.snapshot import BaseSnapshot
 from ..core.errors import AdapterError, AttnftError, StoreError
 from ..core.files import ADAPTER_FOLDER, PathLike, io_error, nearest_existing, pid_alive, remove_directory_atomically, remove_entry, write_directory_atomically
 from ..methods.record import AdapterRecord
-from ..methods import AdapterSummary, Method, method_of
+from ..methods import METHODS, AdapterSummary, Method, method_of
 from ..core.hub import hub_errors
 from ..methods.freeze.policy import PolicyReport
 
@@ -165,7 +165,7 @@ class AdapterStore:
         licence (default: the model's own, :meth:`attnft.methods.record.AdapterRecord.of`).
         A :class:`PolicyReport` (freezing policy): attnft's format, ``base`` being the snapshot
         taken before training, ``mode`` exact or delta (in ``delta_dtype``) (:func:`attnft.adapters.save_adapter`).
-        A :class:`attnft.peft_methods.PeftReport`: ``model`` is the PeftModel, saved in peft's
+        A :class:`attnft.methods.peft.model.PeftReport`: ``model`` is the PeftModel, saved in peft's
         format; the report holds the base fingerprint, so no ``base``; the record's ``training`` is kept as
         the sidecar's metadata. Refuses NaN / inf.
         """
@@ -226,7 +226,7 @@ class AdapterStore:
         with tempfile.TemporaryDirectory(prefix=".pull-") as download:
             with hub_errors(f"hub repo {repo_id}"):
                 folder = hub.snapshot_download(
-                    repo_id, revision=revision, local_dir=download, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, SIDECAR_FILE]
+                    repo_id, revision=revision, local_dir=download, allow_patterns=sorted({f for method in METHODS.values() for f in method.files})
                 )
             return self.import_folder(folder, name, overwrite=overwrite)
 
@@ -243,7 +243,7 @@ class AdapterStore:
         attnft's format: writes the trained tensors into ``model`` in place and returns ``model``
         (``load_kwargs`` as :func:`attnft.adapters.load_adapter`). peft's format: wraps
         ``model`` (changed in place) and returns the **PeftModel** to call instead
-        (``load_kwargs`` as :func:`attnft.peft_methods.load_peft_adapter`).
+        (``load_kwargs`` as :func:`attnft.methods.peft.files.load_peft_adapter`).
         """
         path = self.folder(name)
         return method_of(path).load(model, path, **load_kwargs)

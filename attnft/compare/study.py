@@ -37,7 +37,7 @@ SCHEMA_ATTEMPTS = 5
 LR_SPAN = 10.0  # the search's lr range: the default / LR_SPAN to the default x LR_SPAN
 # what a study compares: a comparison with other values would mix trials of another task in
 IDENTITY_FIELDS = ("dataset", "data_dir", "model", "checkpoint", "res", "epochs", "steps", "max_train", "batch_size",
-                   "grad_accum")
+                   "grad_accum", "warmup_epochs")
 
 
 def require_optuna():

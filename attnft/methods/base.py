@@ -110,12 +110,13 @@ class Method:
 
     ``source`` in :meth:`config`, :meth:`load`: a folder, or what :meth:`read` returned for one (read once).
     Every config has ``model_name``, ``policy``, ``input_size``, ``num_classes``, ``label_names``,
-    ``data_config``, ``base_fingerprint``, ``weights_sha256``, ``trained_params`` and ``created``.
+    ``data_config``, ``base_fingerprint``, ``weights_sha256``, ``trained_params``, ``created`` and ``training``.
     """
 
     name: str  # what the store, the server and the objects it makes (their ``method_name``) call it
     format_name: str  # its adapters' format, as ``list``, ``show`` and the server's answers name it
     multitask: str  # the class of attnft.multitask that serves many of its adapters on one base
+    files: tuple[str, ...]  # the files of one of its adapter folders (what a hub download of one fetches)
     trains_under_fsdp: bool = True
 
     def parse(self, spec: str) -> Optional[Tuning]:

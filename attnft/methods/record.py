@@ -1,8 +1,8 @@
 """What an adapter records about itself besides its tensors: one typed record, built once by the caller.
 
 The training run (or a user of the store) builds an :class:`AdapterRecord` with :meth:`AdapterRecord.of`
-and passes it whole to :meth:`attnft.adapters.store.AdapterStore.save`, which hands it to the format
-(:mod:`.formats`) and on to the card (:mod:`.cards`). Both formats write its fields into their JSON
+and passes it whole to :meth:`attnft.adapters.store.AdapterStore.save`, which hands it to the method family's
+``save`` (:class:`attnft.methods.Method`) and on to the card (:mod:`.cards`). Both formats write its fields into their JSON
 (``adapter_config.json``; a peft adapter's ``attnft.json``).
 """
 from __future__ import annotations

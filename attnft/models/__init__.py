@@ -7,7 +7,7 @@ between them, one object each: :mod:`.timm_library`, :mod:`.hf_library`), :mod:`
 at another size), :mod:`.state_dicts` (checkpoint files, below both libraries), :mod:`.plain_timm` (how plain
 timm builds a base).
 """
-from .build import create_model, library_for_name, library_of, patch_grid
+from .build import builds_from_code, create_model, library_for_name, library_of, patch_grid
 from .sources import (
     base_label_names,
     checkpoint_bytes,
@@ -18,4 +18,4 @@ from .sources import (
 )
 
 __all__ = ["create_model", "read_state_dict", "data_config", "model_img_size", "patch_grid", "base_label_names",
-           "head_fits", "checkpoint_bytes", "library_for_name", "library_of"]
+           "head_fits", "checkpoint_bytes", "library_for_name", "library_of", "builds_from_code"]

@@ -18,12 +18,18 @@ from .timm_library import TIMM
 # the first that claims a name or a model is its library; timm, the last, claims every other one
 LIBRARIES: tuple[ModelLibrary, ...] = (TRANSFORMERS, TIMM)
 
-__all__ = ["LIBRARIES", "create_model", "library_for_name", "library_of", "patch_grid"]
+__all__ = ["LIBRARIES", "builds_from_code", "create_model", "library_for_name", "library_of", "patch_grid"]
 
 
 def library_for_name(name: str) -> ModelLibrary:
     """The library that builds the model named ``name`` (as :func:`create_model` takes it)."""
     return next(library for library in LIBRARIES if library.claims_name(name))
+
+
+def builds_from_code(name: str) -> bool:
+    """Whether ``create_model(name, pretrained=False)`` needs the code alone: a timm architecture (with its tag), not a
+    hub repo, a folder or a transformers checkpoint, whose configs are files to fetch or read."""
+    return ":" not in name and library_for_name(name) is TIMM
 
 
 def library_of(model: nn.Module) -> ModelLibrary:

@@ -75,7 +75,7 @@ class MultiTaskModel(TaskServer[ServedTask]):
         AdapterError.
         """
         server = _server_of(adapters)
-        if server is not cls:
+        if not issubclass(cls, server):
             return server.from_adapters(base_model, adapters)
         model = cls(base_model)
         for name, source in adapters.items():
@@ -91,7 +91,7 @@ class MultiTaskModel(TaskServer[ServedTask]):
         """
         names = list(names)
         server = _server_of({name: store.folder(name) for name in names})  # StoreError for a name not stored
-        if server is not cls:
+        if not issubclass(cls, server):
             return server.from_store(store, names, base_model=base_model)
         return cls.from_adapters(base_model, {name: store.read(name) for name in names})
 
@@ -121,7 +121,7 @@ class MultiTaskModel(TaskServer[ServedTask]):
         if isinstance(source, TaskWeights):
             return source
         method = _method_of_task(source)
-        if method is not None and server_for(method) is not type(self):
+        if method is not None and not isinstance(self, server_for(method)):
             raise AdapterError(
                 f"task {name!r} is a {method.format_name} adapter and this model serves attnft adapters: serve "
                 f"{method.format_name} adapters on their own base ({method.multitask}, or from_store / from_adapters "
@@ -129,6 +129,8 @@ class MultiTaskModel(TaskServer[ServedTask]):
             )
         if method is not None:  # an adapter folder, or the adapter read from one
             adapter = method.read(source) if isinstance(source, (str, os.PathLike)) else source
+            if not hasattr(adapter, "tensors"):  # a config or a report names its method but holds no weights
+                raise TypeError(f"cannot serve a task from {type(source).__name__}: pass an adapter or its folder")
             size = current_input_size(self.base)
             if adapter.config.input_size != size:
                 raise AdapterError(

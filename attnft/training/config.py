@@ -12,6 +12,7 @@ value), and :meth:`FinetuneConfig.aug_config` builds an AugConfig from them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -258,6 +259,17 @@ class FinetuneConfig:
             return 1.0
         return self.steps * global_batch / train_images if self.steps else float(self.epochs)
 
+    def schedule_epochs(self, train_images: Optional[int], global_batch: int) -> float:
+        """The run's length in the schedule's epochs, which the warmup is counted in: ``--steps`` over the optimizer
+        steps of an epoch as the training loader makes them (whole batches, then accumulated); a streamed split of
+        unknown length counts as one (the schedule then counts the warmup in runs)."""
+        if not train_images:
+            return 1.0
+        if not self.steps:
+            return float(self.epochs)
+        batches = train_images // max(1, global_batch // self.grad_accum)  # the loader drops a last, partial batch
+        return self.steps / max(1, math.ceil(batches / self.grad_accum))
+
     def with_aug_resolved(self, train_images: Optional[int], global_batch: int) -> tuple["FinetuneConfig", str]:
         """This config with ``aug`` a level (``auto`` decided from the run's passes over its
         ``train_images``) and every augmentation field set, and why that level, in words."""
@@ -289,7 +301,7 @@ class FinetuneConfig:
             cfg = dataclasses.replace(cfg, lr=defaults.lr_for(global_batch))
             reasons.append(defaults.explain(method, global_batch))
         if cfg.warmup_epochs is None:
-            epochs = cfg.run_epochs(train_images, global_batch)
+            epochs = cfg.schedule_epochs(train_images, global_batch)
             cfg = dataclasses.replace(cfg, warmup_epochs=round(defaults.warmup_epochs_for(epochs), 6))
             reasons.append(defaults.explain_warmup(method, epochs))
         return cfg, "; ".join(reason for reason in reasons if reason)

@@ -99,7 +99,9 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
     elif model.num_classes != task.num_classes:
         raise ConfigError(f"--no-new-head: the base predicts {model.num_classes} classes, "
                           f"{task.source} has {task.num_classes}")
-    res = model_img_size(model)[-1]  # the run's resolution, once: the data config, the adapter and the runner read it
+    # the run's resolution, once: the data config, the adapter and the runner read it (a model that takes any size,
+    # as PVTv2, is built at its checkpoint's: --res is the size it trains at)
+    res = cfg.res if cfg.res is not None else model_img_size(model)[-1]
     data_cfg = data_config(model, res, cfg.crop_pct, cfg.background)
     applied = method.apply(model)  # base: the base's identity before any weight moves (peft: in the report)
     on_exit.callback(applied.report.remove_hooks)  # the frozen-region restore hooks every optimizer in the process

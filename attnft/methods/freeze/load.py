@@ -39,7 +39,7 @@ def load_adapter(
     where = f"adapter {adapter.path}" if adapter.path else "the adapter"
     if num_classes is not None and num_classes != config.num_classes:
         raise AdapterError(f"{where} has {config.num_classes} classes, {num_classes} were expected")
-    if policy is not None and str(policy).strip() != config.policy:  # a spec's name is the spec, stripped
+    if policy is not None and (policy.name if isinstance(policy, Policy) else str(policy).strip()) != config.policy:
         raise AdapterError(f"{where} was trained under policy {config.policy!r}, {policy!r} was expected")
 
     # everything but the head and the grid-sized tables must fit before the model is touched
@@ -136,35 +136,44 @@ def _fit_input_size(model: nn.Module, created_at: int, size: int, where: str) ->
 def check_fits_base_at_its_size(config: AdapterConfig, where: str) -> None:
     """AdapterError unless the adapter fits its base built at its input size: the position tables it stores have
     that grid's shape, and the base takes one image of that size. The base is built on the meta device from the
-    recorded name and arguments, so nothing is allocated, read or downloaded. When that cannot rebuild the base as
-    trained (a hub model offline, arguments JSON could not record), nothing is said here: loading checks the real one."""
-    from ...models import create_model
+    recorded name and arguments, so nothing is allocated or read. Only a base timm builds from its code alone is
+    checked (a registered architecture: no hub config or folder is fetched); when the recorded arguments do not
+    rebuild the base as trained, or the meta device cannot run it, nothing is said here: loading checks the real one."""
+    from ...models import builds_from_code, create_model
 
-    size, kwargs = config.input_size, base_build_kwargs(config.model_args)
-    try:
-        with torch.device("meta"):
-            create_model(config.model_name, pretrained=False, num_classes=config.num_classes, **kwargs)
-    except Exception:  # noqa: BLE001  an unknown or unreachable base: its load says what is wrong
+    if not builds_from_code(config.model_name):
         return
-    try:  # the base builds: at the adapter's size too?
-        with torch.device("meta"):
+    size, kwargs = config.input_size, base_build_kwargs(config.model_args)
+    with torch.device("meta"):
+        try:
+            create_model(config.model_name, pretrained=False, num_classes=config.num_classes, **kwargs)
+        except Exception:  # noqa: BLE001  not rebuilt from what was recorded: its load says what is wrong
+            return
+        try:  # the base builds: at the adapter's size too?
             model = create_model(config.model_name, pretrained=False, img_size=size, num_classes=config.num_classes,
                                  **kwargs)
-    except ConfigError as e:
-        raise AdapterError(f"{where}: input_size {size}: {first_line(e)}") from None
-    role_map = build_role_map(model)
-    params = dict(model.named_parameters())
-    shapes = {name: list(params[name].shape) if name in params else None for name in config.tensors}
-    if any(shapes[name] != list(entry["shape"]) for name, entry in config.tensors.items()
-           if not role_map.is_grid_sized(name)):
-        return  # not the base it was trained on: the shapes that do not depend on the size differ
-    for name, entry in config.tensors.items():
-        if shapes[name] != list(entry["shape"]):
-            raise AdapterError(f"{where}: input_size {size}: {name} has shape {tuple(entry['shape'])}, "
-                               f"{config.model_name} at {size} px has {tuple(shapes[name] or ())}")
-    try:
-        with torch.no_grad():
-            model.eval()(torch.empty(1, 3, size, size, device="meta"))
-    except Exception as e:  # noqa: BLE001  what the model says of the size, in one line
-        raise AdapterError(f"{where}: input_size {size}: {config.model_name} cannot take {size} px images "
-                           f"({first_line(e)})") from None
+        except ConfigError as e:  # attnft's own refusal of the size (a multiple of the patch, the windows)
+            raise AdapterError(f"{where}: input_size {size}: {first_line(e)}") from None
+        except Exception:  # noqa: BLE001  something else of this build: its load says
+            return
+        role_map = build_role_map(model)
+        params = dict(model.named_parameters())
+        shapes = {name: list(params[name].shape) if name in params else None for name in config.tensors}
+        if any(shapes[name] != list(entry["shape"]) for name, entry in config.tensors.items()
+               if not role_map.is_grid_sized(name)):
+            return  # not the base it was trained on: the shapes that do not depend on the size differ
+        for name, entry in config.tensors.items():
+            if shapes[name] != list(entry["shape"]):
+                raise AdapterError(f"{where}: input_size {size}: {name} has shape {tuple(entry['shape'])}, "
+                                   f"{config.model_name} at {size} px has {tuple(shapes[name] or ())}")
+        try:
+            with torch.no_grad():
+                model.eval()(torch.empty(1, 3, size, size))
+        except (NotImplementedError, RuntimeError) as e:
+            if "meta" in str(e) or isinstance(e, NotImplementedError):
+                return  # the meta device cannot run this model: its load says
+            raise AdapterError(f"{where}: input_size {size}: {config.model_name} cannot take {size} px images "
+                               f"({first_line(e)})") from None
+        except Exception as e:  # noqa: BLE001  what the model says of the size, in one line
+            raise AdapterError(f"{where}: input_size {size}: {config.model_name} cannot take {size} px images "
+                               f"({first_line(e)})") from None

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..base import Applied, Method, Tuning, show_fields
 from ..defaults import TrainingDefaults
-from .config import Adapter, AdapterConfig
+from .config import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, Adapter, AdapterConfig
 from .load import check_fits_base_at_its_size, load_adapter
 from .policy import apply_policy, resolve_policy
 from .read import read_adapter, read_config, verify_adapter
@@ -58,6 +58,7 @@ class Freeze(Method):
 
     name = "freeze"
     format_name = "attnft"
+    files = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE)
     multitask = "MultiTaskModel"
 
     def parse(self, spec: str) -> FreezeTuning:

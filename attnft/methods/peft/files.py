@@ -1,4 +1,4 @@
-"""A peft adapter folder: saving (peft's two files, ``attnft.json``, a model card from :mod:`.cards`), verifying, loading.
+"""A peft adapter folder: saving (peft's two files, ``attnft.json``, a model card from :mod:`attnft.methods.cards`), verifying, loading.
 
 The folder is peft's own format, readable by plain ``PeftModel.from_pretrained``; the sidecar
 (:mod:`.sidecar`) adds the base's fingerprint, which attnft checks before loading.

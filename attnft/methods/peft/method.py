@@ -13,7 +13,7 @@ from typing import Optional
 from torch import nn
 
 from ...core.errors import AdapterError, ConfigError
-from ...core.files import WEIGHTS_FILE
+from ...core.files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 from ...roles import is_under
 from ..base import Applied, Method, Tuning, show_fields
 from ..defaults import TrainingDefaults
@@ -66,6 +66,7 @@ class Peft(Method):
 
     name = "peft"
     format_name = "peft"
+    files = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, SIDECAR_FILE)
     multitask = "PeftMultiTask"
     trains_under_fsdp = False  # not yet: peft's wrapped modules and FSDP's flat parameters are untested together
 

@@ -87,7 +87,7 @@ class PeftAdapterInfo:
 
 
 def is_peft_adapter(path: Union[str, os.PathLike]) -> bool:
-    """Whether folder ``path`` holds an adapter saved by :func:`attnft.peft_methods.save_peft_adapter` (cheap: one file test)."""
+    """Whether folder ``path`` holds an adapter saved by :func:`attnft.methods.peft.files.save_peft_adapter` (cheap: one file test)."""
     return (Path(path) / SIDECAR_FILE).is_file()
 
 

@@ -1,7 +1,7 @@
 """What a peft method is: its options, the peft config it makes, and the policy spec naming it.
 
 Every method has the same shape (:class:`PeftMethod`), kept in :data:`PEFT_METHODS`; a spec
-such as ``lora+ffn@8-11:r=16`` parses into a :class:`PeftPolicy` (see :mod:`attnft.peft_methods`).
+such as ``lora+ffn@8-11:r=16`` parses into a :class:`PeftPolicy` (see :mod:`attnft.methods.peft`).
 Parsing imports no peft (seconds): a typo is reported at once; peft is imported to make a config.
 """
 from __future__ import annotations
