@@ -33,9 +33,14 @@ def run(args: argparse.Namespace) -> int:
     if config.output:
         check_output_file(config.output, config.overwrite, config.store)  # before minutes of evaluation
     from ..training.eval_run import evaluate_model
+    from ..training.processes import end_processes
 
-    report = evaluate_model(config)
-    if not PartialState().is_main_process:  # under torchrun / accelerate launch every process has the numbers
+    try:
+        report = evaluate_model(config)
+        main_process = PartialState().is_main_process
+    finally:
+        end_processes()  # under torchrun / accelerate launch: the process group, before the process exits
+    if not main_process:  # every process has the numbers; the main one writes them
         return 0
     from ..training.evaluate import strict_json
 

@@ -30,8 +30,12 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..training.processes import end_processes
     from ..training.runner import finetune
 
     config = config_from_args(FinetuneConfig, args)
-    finetune(config)
+    try:
+        finetune(config)
+    finally:
+        end_processes()  # under torchrun / accelerate launch: the process group, before the process exits
     return 0

@@ -148,3 +148,13 @@ def distribution_text(accelerator) -> str:
 def precision_text(precision: str) -> str:
     """'fp32', 'bf16 mixed precision'."""
     return "fp32" if precision == "no" else f"{precision} mixed precision"
+
+
+def end_processes() -> None:
+    """Destroy the process group a launcher's run made, if one is alive: the end of a command (as accelerate's
+    ``end_training`` does). A process that exits with it alive may abort in c10d's threads on the way out (SIGABRT,
+    "terminate called without an active exception") after everything it had to do is done."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
