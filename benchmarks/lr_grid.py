@@ -92,9 +92,10 @@ def render(rows: list[dict]) -> str:
 def _rows(path: Path) -> list[dict]:
     """The rows of a results file (``{"rows": [...]}``) or of a run's log (one JSON row a line)."""
     text = path.read_text()
-    if text.lstrip().startswith("{\n") or text.lstrip().startswith('{"commands"'):
+    try:
         return json.loads(text)["rows"]
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    except json.JSONDecodeError:  # a log: several JSON documents, one a line
+        return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
 def main() -> None:

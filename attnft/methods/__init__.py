@@ -9,7 +9,7 @@ Everything else asks the family and never which family it holds::
     tuning.check_blocks(num_blocks, name)   # @BLOCKS the model does not have
     applied = tuning.apply(model)           # what trains, its report, what it captured of the base
     optimizer = create_optimizer_v2(applied.optimizer_params(weight_decay, layer_decay), ...)
-    applied.save(folder, record)            # in its family's format
+    store.save(name, applied.model, applied.report, applied.base, record)  # in its family's format
 
     method = method_of(folder)              # the family whose adapter a folder is
     config = method.config(folder); module = method.load(model, folder)

@@ -62,12 +62,6 @@ class Applied:
         biases, norms, position embedding, tokens); with ``layer_decay``, each in its layer's group."""
         raise NotImplementedError
 
-    def save(self, path: Path, record: AdapterRecord, *, overwrite: bool = False, mode: str = "exact",
-             delta_dtype: str = "float16", title: Optional[str] = None) -> None:
-        """Save what trained as adapter folder ``path``, described by ``record``, in the family's format."""
-        self.method.save(path, self.model, self.report, self.base, record, overwrite=overwrite, mode=mode,
-                         delta_dtype=delta_dtype, title=title)
-
 
 class Tuning:
     """A parsed policy spec (``attn+norm@8-11``, ``lora:r=16``): what trains, and how; :meth:`apply` does it."""

@@ -252,13 +252,6 @@ class FinetuneConfig:
             raise ValueError("aug is 'auto': resolve it first with with_aug_resolved(train_images)")
         return resolve_aug(self.aug, {name: getattr(self, name) for name in AUG_FIELDS if hasattr(self, name)})
 
-    def run_epochs(self, train_images: Optional[int], global_batch: int) -> float:
-        """The run's length in passes over its ``train_images`` (``--steps`` counted in them); a streamed split
-        of unknown length counts as one pass, as the schedule counts it."""
-        if not train_images:
-            return 1.0
-        return self.steps * global_batch / train_images if self.steps else float(self.epochs)
-
     def schedule_epochs(self, train_images: Optional[int], global_batch: int) -> float:
         """The run's length in the schedule's epochs, which the warmup is counted in: ``--steps`` over the optimizer
         steps of an epoch as the training loader makes them (whole batches, then accumulated); a streamed split of
@@ -275,7 +268,7 @@ class FinetuneConfig:
         ``train_images``) and every augmentation field set, and why that level, in words."""
         if self.aug == "auto":
             if train_images:
-                epochs = self.run_epochs(train_images, global_batch)
+                epochs = self.steps * global_batch / train_images if self.steps else float(self.epochs)
                 level = auto_aug_level(epochs)
                 why = f"auto: {epochs:.3g} epochs over {train_images:,} images"
             else:  # a streamed split of unknown length: counted as one pass
@@ -289,7 +282,7 @@ class FinetuneConfig:
             values["crop_pct"] = aug.eval_crop_pct
         return dataclasses.replace(resolved, **values), why
 
-    def with_lr_resolved(self, defaults: "TrainingDefaults", method: str, global_batch: int,
+    def with_defaults_resolved(self, defaults: "TrainingDefaults", method: str, global_batch: int,
                          train_images: Optional[int]) -> tuple["FinetuneConfig", str]:
         """This config with ``lr`` and ``warmup_epochs`` set (``--lr``, ``--warmup-epochs`` or a recipe's win; else
         the method's defaults at ``global_batch`` and the run's length), and the run's line that says which and why:

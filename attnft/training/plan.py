@@ -38,7 +38,7 @@ class RunPlan:
 
     cfg: FinetuneConfig
     aug_reason: str  # why this augmentation level (``auto``'s rule, or "asked")
-    lr_reason: str  # the run's lr and why: the method's default at this batch, or as set
+    lr_reason: str  # the run's lr (and warmup) and why: the method's defaults at this batch, or as set
     accelerator: Accelerator
     method: Tuning  # the policy spec, parsed by its method family (attnft.methods)
     store: AdapterStore
@@ -87,7 +87,7 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
 
     global_batch = cfg.batch_size * accelerator.num_processes * cfg.grad_accum
     cfg, aug_reason = cfg.with_aug_resolved(split_length(task.train), global_batch)
-    cfg, lr_reason = cfg.with_lr_resolved(method.defaults, method.family, global_batch, split_length(task.train))
+    cfg, lr_reason = cfg.with_defaults_resolved(method.defaults, method.family, global_batch, split_length(task.train))
     if cfg.workers is None:  # from the machine's cores, and recorded in config.yaml as chosen
         cfg = dataclasses.replace(cfg, workers=default_workers(accelerator.num_processes))
     fits = head_fits(base_label_names(model), model.num_classes, task.label_names)
