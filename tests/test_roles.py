@@ -191,3 +191,28 @@ def test_the_role_map_knows_modules_blocks_heads_biases_and_grid_sized_tensors()
     assert role_map.is_bias("blocks.0.attn.q_bias") and not role_map.is_bias("blocks.0.attn.qkv.weight")
     assert role_map.grid_tensors() == {f"blocks.{b}.attn.relative_position_bias_table": "rel_pos_bias_table"
                                        for b in (0, 1)}
+
+
+def _entries(role_map):
+    return [(e.name, e.role, e.block, e.shape, e.region) for e in role_map]
+
+
+@pytest.mark.parametrize("family", ["vit", "deit_distilled", "swin", "eva", "cait"])
+@pytest.mark.parametrize("num_classes", [0, 1000])
+def test_the_map_after_a_head_reset_is_the_map_built_again(family, num_classes):
+    # a run builds the map once (its @BLOCKS check) and resets the head after: re-reading the head must give
+    # what a second walk would, a head that was an nn.Identity (num_classes=0) included
+    model = tiny_model(family, num_classes=num_classes)
+    before = build_role_map(model)
+    model.reset_classifier(7)
+    after = before.with_new_head(model)
+    assert _entries(after) == _entries(build_role_map(model))
+    assert after.head_modules() == before.head_modules() and after.num_blocks == before.num_blocks
+
+
+def test_a_map_refuses_to_re_read_a_model_changed_outside_its_head():
+    model = tiny_model("vit")
+    role_map = build_role_map(model)
+    model.blocks[0].attn.extra = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="blocks.0.attn.extra.weight is new and outside the head"):
+        role_map.with_new_head(model)

@@ -91,8 +91,9 @@ class Tuning:
         """UnknownPolicyError if ``@BLOCKS`` names a block a model of ``num_blocks`` blocks does not have."""
         check_blocks(self.blocks, num_blocks, self.spec, model_name)
 
-    def apply(self, model: nn.Module, *, capture_base: bool = True) -> Applied:
-        """What trains on ``model``; ``capture_base=False`` skips what a report needs not (the base's snapshot)."""
+    def apply(self, model: nn.Module, *, role_map: Optional[RoleMap] = None, capture_base: bool = True) -> Applied:
+        """What trains on ``model``, by ``role_map`` (``model``'s, built when not given); ``capture_base=False``
+        skips what a report needs not (the base's snapshot)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

@@ -20,7 +20,7 @@ weight; those tensors get one entry per role, each owning a contiguous range of 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Iterator, Optional
 
@@ -124,6 +124,22 @@ class RoleMap:
         self._by_name: dict[str, list[RoleEntry]] = {}
         for e in entries:
             self._by_name.setdefault(e.name, []).append(e)
+
+    def with_new_head(self, model: nn.Module) -> RoleMap:
+        """This map of ``model`` after its ``reset_classifier``: the head's tensors re-read (new shapes, or new
+        tensors where the head was a parameter-free ``nn.Identity``), every other entry as it was; no second walk.
+
+        ValueError for a tensor that is new outside the head: the model changed more than its classifier.
+        """
+        entries = []
+        for name, param in model.named_parameters():
+            if name in self._by_name:
+                entries.extend(replace(e, shape=tuple(param.shape)) for e in self._by_name[name])
+            elif self.is_head(name):
+                entries.append(RoleEntry(name, Role.HEAD, None, tuple(param.shape)))
+            else:
+                raise ValueError(f"{name} is new and outside the head of {self.model_name}: build the role map again")
+        return RoleMap(entries, self.num_blocks, self.model_name, self._modules)
 
     def __iter__(self) -> Iterator[RoleEntry]:
         return iter(self.entries)

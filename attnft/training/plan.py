@@ -81,7 +81,8 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
         RunLock.check_free(Path(cfg.output_dir))
     with quiet_datasets(cfg.progress):
         model = create_model(cfg.model, checkpoint=cfg.checkpoint, img_size=cfg.res, drop_path_rate=cfg.drop_path)
-        method.check_blocks(build_role_map(model).num_blocks, cfg.model)
+        role_map = build_role_map(model)  # once a run: checked here, handed to the method after the head is set
+        method.check_blocks(role_map.num_blocks, cfg.model)
         task = _load_task(cfg)
     _check_data_fits(cfg, task, accelerator.num_processes)
 
@@ -96,6 +97,7 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
     set_seed(cfg.seed)
     if new_head:
         model.reset_classifier(task.num_classes)
+        role_map = role_map.with_new_head(model)
     elif model.num_classes != task.num_classes:
         raise ConfigError(f"--no-new-head: the base predicts {model.num_classes} classes, "
                           f"{task.source} has {task.num_classes}")
@@ -103,7 +105,7 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
     # as PVTv2, is built at its checkpoint's: --res is the size it trains at)
     res = cfg.res if cfg.res is not None else model_img_size(model)[-1]
     data_cfg = data_config(model, res, cfg.crop_pct, cfg.background)
-    applied = method.apply(model)  # base: the base's identity before any weight moves (peft: in the report)
+    applied = method.apply(model, role_map=role_map)  # base: the base's identity before any weight moves (peft: in the report)
     on_exit.callback(applied.report.remove_hooks)  # the frozen-region restore hooks every optimizer in the process
     _check_memory_fits(cfg, applied, accelerator, data_cfg)
     name = cfg.name or default_adapter_name(cfg.model, method.name, task.name, res)

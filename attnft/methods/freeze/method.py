@@ -7,6 +7,7 @@ from typing import Optional
 
 from torch import nn
 
+from ...roles import RoleMap
 from ..base import Applied, Method, Tuning, show_fields
 from ..defaults import TrainingDefaults
 from .config import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, Adapter, AdapterConfig
@@ -45,9 +46,9 @@ class FreezeTuning(Tuning):
     def family(self) -> str:
         return self.policy.base
 
-    def apply(self, model: nn.Module, *, capture_base: bool = True) -> Applied:
+    def apply(self, model: nn.Module, *, role_map: Optional[RoleMap] = None, capture_base: bool = True) -> Applied:
         """Freeze ``model`` by the policy and snapshot the base, before any weight moves."""
-        report = apply_policy(model, self.policy)
+        report = apply_policy(model, self.policy, role_map)
         base = BaseSnapshot.capture(model, report) if capture_base else None
         return FreezeApplied(FREEZE, model, model, report, base)
 

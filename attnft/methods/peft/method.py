@@ -14,7 +14,7 @@ from torch import nn
 
 from ...core.errors import AdapterError, ConfigError
 from ...core.files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
-from ...roles import is_under
+from ...roles import RoleMap, is_under
 from ..base import Applied, Method, Tuning, show_fields
 from ..defaults import TrainingDefaults
 from ..freeze.read import check_finite, check_finite_file, check_num_classes, safetensors_header
@@ -52,11 +52,11 @@ class PeftTuning(Tuning):
     def family(self) -> str:
         return self.policy.method
 
-    def apply(self, model: nn.Module, *, capture_base: bool = True) -> Applied:
+    def apply(self, model: nn.Module, *, role_map: Optional[RoleMap] = None, capture_base: bool = True) -> Applied:
         """Wrap ``model`` (changed in place) in a PeftModel; the report holds the base's fingerprint."""
         from .model import apply_peft_policy
 
-        peft_model, report = apply_peft_policy(model, self.policy)
+        peft_model, report = apply_peft_policy(model, self.policy, role_map)
         return PeftApplied(PEFT, peft_model, peft_model.get_base_model(), report, None)
 
 
