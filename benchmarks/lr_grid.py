@@ -1,4 +1,4 @@
-"""The learning-rate grid that decided each method's default (attnft/tuning: ``BASE_DEFAULTS``, ``PEFT_METHODS``).
+"""The learning-rate grid that decided each method's default (attnft/methods: ``freeze.policy.BASE_DEFAULTS``, ``peft.spec.PEFT_METHODS``).
 
 For every task, policy and learning rate, one ``attnft finetune --dataset DIR --policy P --epochs 5 --seed S
 --lr LR`` in its own process, and one run with no ``--lr`` (the policy's own default): the table gives each
