@@ -121,7 +121,11 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 def markdown(summary: list[dict], table: int, title: str) -> str:
     rows = [s for s in summary if s["table"] == table]
-    full = next((s for s in rows if s["policy"] == "full"), rows[0])
+    full = next((s for s in rows if s["policy"] == "full"), None)  # no full run beside them: no "x full"
+
+    def against_full(s: dict, key: str, fmt: str) -> str:
+        return f"{s[key]:{fmt}}" if full is None else f"{s[key]:{fmt}} ({s[key] / full[key]:.2f}x)"
+
     lines = [f"### {title}", "",
              "| policy | top-1 % (mean ± std) | before | trainable | share | step s (x full) | peak RSS MB (x full) | adapter MB (x full ckpt) |",
              "|---|---|---|---:|---:|---|---|---|"]
@@ -129,7 +133,7 @@ def markdown(summary: list[dict], table: int, title: str) -> str:
         before = "n/a (new head)" if s["acc_before"] is None else f"{s['acc_before']:.2f}"
         lines.append(
             f"| {s['policy']} | {s['acc_mean']:.2f} ± {s['acc_std']:.2f} | {before} | {s['trainable']:,} | {s['share']:.1%} "
-            f"| {s['step_s']:.3f} ({s['step_s'] / full['step_s']:.2f}x) | {s['peak_rss_mb']:.0f} ({s['peak_rss_mb'] / full['peak_rss_mb']:.2f}x) "
+            f"| {against_full(s, 'step_s', '.3f')} | {against_full(s, 'peak_rss_mb', '.0f')} "
             f"| {s['adapter_mb']:.2f} ({s['adapter_mb'] / s['full_mb']:.2f}x) |"
         )
     return "\n".join(lines) + "\n"
