@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -280,13 +281,17 @@ def main() -> None:
                 for seed in args.seeds:  # interleaved, so machine noise hits both alike
                     for policy in args.policies:
                         rows.append(_measure(task, folder, base, policy, seed, res, Path(work)))
-    table = render(rows)
+    write_results(args.out, "defaults_vs_plain", rows, render(rows))
+
+
+def write_results(out: Optional[Path], stem: str, rows: list[dict], table: str) -> None:
+    """Print ``table``; with ``out``, write ``stem.json`` (the command and rows) and ``stem.md`` (the command and table)."""
     print(table)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        command = "python benchmarks/defaults_vs_plain.py " + " ".join(sys.argv[1:])
-        (args.out / "defaults_vs_plain.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2))
-        (args.out / "defaults_vs_plain.md").write_text(f"`{command}`\n\n{table}")
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        command = f"python benchmarks/{stem}.py " + " ".join(sys.argv[1:])
+        (out / f"{stem}.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2))
+        (out / f"{stem}.md").write_text(f"`{command}`\n\n{table}")
 
 
 if __name__ == "__main__":

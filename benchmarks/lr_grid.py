@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from defaults_vs_plain import BASE, EPOCHS, TASKS, make_task_folder, task_res  # noqa: E402
+from defaults_vs_plain import BASE, EPOCHS, TASKS, make_task_folder, task_res, write_results  # noqa: E402
 
 POLICIES = ["full", "attn", "ffn", "head", "lora", "ia3"]
 GRID = [1e-4, 5e-4, 2e-3, 1e-2, 5e-2]
@@ -132,13 +132,7 @@ def main() -> None:
                                          args.max_train, args.extra.split()))
                         print(json.dumps(row), flush=True)
                         rows.append(row)
-    table = render(rows)
-    print(table)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        command = "python benchmarks/lr_grid.py " + " ".join(sys.argv[1:])
-        (args.out / "lr_grid.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2))
-        (args.out / "lr_grid.md").write_text(f"`{command}`\n\n{table}")
+    write_results(args.out, "lr_grid", rows, render(rows))
 
 
 if __name__ == "__main__":
