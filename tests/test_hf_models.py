@@ -18,6 +18,7 @@ from attnft.core.errors import AdapterError, ConfigError, OfflineError, UnknownM
 from attnft.models.hf_models import patch_side, processor_data_config
 from attnft.models import create_model, data_config, patch_grid
 from attnft.methods.peft.model import apply_peft_policy
+from attnft.roles import build_role_map
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
             patch_size=8, num_labels=3)
@@ -366,3 +367,13 @@ def test_every_familys_position_tables_and_tokens_are_spared_weight_decay(family
     assert positional and spared <= names and positional - {n for n in names if "mask_token" in n} <= spared, \
         sorted(positional - spared)
     assert not any("query" in n or "dense" in n or "fc" in n for n in spared)
+
+
+@pytest.mark.parametrize("model_cls, config_cls", [(ViTForImageClassification, ViTConfig),
+                                                   (transformers.DeiTForImageClassificationWithTeacher, transformers.DeiTConfig)])
+def test_the_role_map_after_a_new_classifier_is_the_map_built_again(tmp_path, model_cls, config_cls):
+    model = create_model(save_tiny(tmp_path / "model", model_cls, config_cls))
+    before = build_role_map(model)
+    model.reset_classifier(5)
+    entries = lambda role_map: [(e.name, e.role, e.block, e.shape, e.region) for e in role_map]  # noqa: E731
+    assert entries(before.with_new_head(model)) == entries(build_role_map(model))

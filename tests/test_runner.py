@@ -486,3 +486,26 @@ def test_peft_policy_finetunes_into_peft_format_that_attnft_eval_and_plain_peft_
     x = torch.randn(4, 3, result["input_size"], result["input_size"], generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(plain(x), ours(x))
+
+
+@pytest.mark.parametrize("policy", ["attn", "lora"])
+def test_a_run_walks_the_model_for_its_role_map_once(tmp_path, monkeypatch, policy):
+    # the @BLOCKS check, the new head and the method share one map (the head re-read, not the model walked again)
+    import sys
+
+    import attnft.roles
+
+    walks = []
+    original = attnft.roles.build_role_map
+
+    def counted(model):
+        walks.append(type(model).__name__)
+        return original(model)
+
+    for module in [m for m in list(sys.modules.values()) if getattr(m, "build_role_map", None) is original]:
+        monkeypatch.setattr(module, "build_role_map", counted)
+    model = write_tiny_model(tmp_path / "model", num_classes=3)
+    data = write_color_folder(tmp_path / "four", classes=("red", "green", "blue", "grey"), train_per_class=4,
+                              eval_per_class=2)
+    assert main(finetune_args(model, data, tmp_path, "--steps", "1", "--policy", policy)) == 0
+    assert len(walks) == 1
