@@ -231,3 +231,15 @@ def test_two_workers_share_one_postgresql_study_and_split_its_trials(data, tmp_p
     row = json.loads((tmp_path / "report" / "compare.json").read_text())["policies"][0]
     assert (row["lr"], row["weight_decay"], row["val_top1"]) == (best.params["lr"], best.params["weight_decay"],
                                                                 best.value)
+
+
+def test_the_report_says_how_much_of_each_split_the_final_runs_read():
+    from attnft.compare.config import CompareConfig
+    from attnft.compare.run import _what
+    from attnft.training.config import FinetuneConfig
+
+    assert _what(CompareConfig(search=8), FinetuneConfig(max_train=2000, max_eval=1000, epochs=1)).endswith(
+        "then trained on the training split (up to 2,000 images) for 1 epoch(s) and scored on the evaluation split "
+        "(up to 1,000 images), 1 seed(s) a policy")
+    assert "trained on the whole training split for 30 step(s) and scored on the evaluation split," in _what(
+        CompareConfig(), FinetuneConfig(steps=30, max_train=None, max_eval=None))
