@@ -5,6 +5,7 @@ SQLite study, and two worker processes sharing one study on a real PostgreSQL se
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,6 +72,8 @@ def test_compare_writes_the_table_the_json_and_the_picture(compared):
             assert row[key] is not None, key
         assert 0 <= row["top1_mean"] <= 100 and row["peak_rss_mb"] > 100 and row["step_s"] > 0
         assert row["trials"]["complete"] + row["trials"]["pruned"] == 2
+        assert re.fullmatch(rf"trial [01], the best of {row['trials']['complete']} finished \(held-out top-1 [\d.]+%\)",
+                            row["chosen_by"]), row["chosen_by"]
     lora, attn = report["policies"][1], report["policies"][0]
     assert lora["trainable_params"] < attn["trainable_params"] and lora["adapter_mb"] < attn["adapter_mb"]
     assert report["best"] in ("attn", "lora") and report["cheapest_within_1"] in ("attn", "lora")

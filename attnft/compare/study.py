@@ -218,7 +218,7 @@ def chosen(study) -> Optional[Settings]:
         return None
     best = max(done, key=lambda t: (t.value, -t.number))
     return Settings(lr=best.params["lr"], weight_decay=best.params["weight_decay"], val_top1=best.value,
-                    source=f"trial {best.number} of {len(done)} finished (held-out top-1 {best.value:.2f}%)")
+                    source=f"trial {best.number}, the best of {len(done)} finished (held-out top-1 {best.value:.2f}%)")
 
 
 def trial_counts(study) -> dict:
