@@ -167,7 +167,8 @@ def _what(cfg: CompareConfig, ft: FinetuneConfig) -> str:
     chosen = (f"settings chosen by {cfg.search} Optuna trial(s) a policy (TPE, seed {cfg.search_seed}, {cfg.pruner} "
               f"pruner) on {cfg.holdout:.0%} of the training split held out; " if cfg.search else
               "each policy at its own defaults (no search); ")
-    train = "the whole training split" if ft.max_train is None else f"the training split (up to {ft.max_train:,} images)"
+    train = ("the whole training split" if ft.max_train is None
+             else f"the training split (up to {ft.max_train:,} images)")
     scored = "the evaluation split" if ft.max_eval is None else f"the evaluation split (up to {ft.max_eval:,} images)"
     length = f"{ft.steps} step(s)" if ft.steps else f"{ft.epochs:g} epoch(s)"
     return chosen + f"then trained on {train} for {length} and scored on {scored}, {cfg.seeds} seed(s) a policy"

@@ -105,7 +105,8 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
     # as PVTv2, is built at its checkpoint's: --res is the size it trains at)
     res = cfg.res if cfg.res is not None else model_img_size(model)[-1]
     data_cfg = data_config(model, res, cfg.crop_pct, cfg.background)
-    applied = method.apply(model, role_map=role_map)  # base: the base's identity before any weight moves (peft: in the report)
+    # base: the base's identity before any weight moves (peft: in the report)
+    applied = method.apply(model, role_map=role_map)
     on_exit.callback(applied.report.remove_hooks)  # the frozen-region restore hooks every optimizer in the process
     _check_memory_fits(cfg, applied, accelerator, data_cfg)
     name = cfg.name or default_adapter_name(cfg.model, method.name, task.name, res)
