@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from PIL import Image
 
 from attnft.cli import main
@@ -174,6 +175,9 @@ def test_without_search_each_policy_runs_at_its_own_default_lr(data, tmp_path, c
     (["--seeds", "0"], ["--seeds must be from 1"]),
     (["--storage", "postgresql://nobody@127.0.0.1:1/none"], ["cannot use the study database", "127.0.0.1:1"]),
     (["--storage", "nosuchdb://x"], ["cannot use the study database"]),
+    (["--model", "vit_no_such_model"], ["unknown model 'vit_no_such_model'"]),
+    (["--dataset", "/nonexistent/clothes"], ["/nonexistent/clothes"]),
+    (["--policies", "attn,lora@9-11"], ["@9-11"]),  # blocks the 28 px model has not: its own run's check
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, data, tmp_path, extra, words):
     out = tmp_path / "out"
@@ -202,6 +206,9 @@ def test_a_study_of_another_dataset_is_refused_before_any_trial(capsys, compared
     # the compare folder of another task, the same way
     _fails_cleanly(capsys, compare_argv(other, out, tmp_path / "store2"), words=["holds a comparison of dataset"],
                    untouched=[out])
+    # or of another recipe: its trials were trained otherwise
+    _fails_cleanly(capsys, compare_argv(_data_of(out), out, tmp_path / "store2", "--optimizer", "sgd"),
+                   words=["holds a comparison of optimizer 'adamw', not 'sgd'"], untouched=[out])
 
 
 def test_two_workers_share_one_postgresql_study_and_split_its_trials(data, tmp_path, postgres_url):
@@ -222,6 +229,7 @@ def test_two_workers_share_one_postgresql_study_and_split_its_trials(data, tmp_p
     assert len(counted) == 4 and len({t.number for t in counted}) == 4
     pids = {t.user_attrs["pid"] for t in counted}
     assert pids == {w.pid for w in workers}  # both worked
+    assert len({(t.params["lr"], t.params["weight_decay"]) for t in counted}) == 4  # and drew settings of their own
     runs = sorted(str(Path(t.user_attrs["run_dir"]).relative_to(tmp_path)) for t in counted)
     ran = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.glob("w*/trials/attn/trial-*/result.json"))
     assert runs == ran  # each trial ran once, in the folder of the worker that took it
@@ -246,3 +254,49 @@ def test_the_report_says_how_much_of_each_split_the_final_runs_read():
         "(up to 1,000 images), 1 seed(s) a policy")
     assert "trained on the whole training split for 30 step(s) and scored on the evaluation split," in _what(
         CompareConfig(), FinetuneConfig(steps=30, max_train=None, max_eval=None))
+
+
+def test_each_trial_draws_from_its_own_number_so_a_resumed_or_joining_process_draws_new_settings():
+    """Trial N's settings come from (seed, policy, N): a search resumed after two trials draws what it would have drawn
+    unkilled, and a process joining a study draws settings of its own, not those the first process drew first."""
+    from attnft.compare.study import open_study, run_trials, trial_sampler
+
+    def search(storage, name, trials):
+        study = open_study(storage, name, {"policy": "attn"}, "none", 1)
+        drawn = []
+
+        def objective(trial):
+            drawn.append((trial.number, trial.suggest_float("lr", 1e-5, 1e-2, log=True)))
+            return drawn[-1][1]
+
+        run_trials(study, trials, objective, lambda: None, lambda n: trial_sampler(0, "attn", 8, n))
+        return drawn
+
+    unkilled = search(optuna.storages.InMemoryStorage(), "one", 4)
+    storage = optuna.storages.InMemoryStorage()
+    resumed = search(storage, "two", 2) + search(storage, "two", 4)  # a second process goes on from trial 2
+    assert resumed == unkilled
+    assert len({lr for _, lr in unkilled}) == 4
+
+
+def test_a_final_run_of_other_settings_is_refused_then_run_again_with_overwrite(data, tmp_path, capsys):
+    """A finished final run is read back only if it was trained from the same recipe: else one line, and with
+    --overwrite it is run again and its adapter replaced."""
+    out, store = tmp_path / "out", tmp_path / "store"
+    assert main(compare_argv(data, out, store, policies="head", search=None)) == 0
+    run = out / "final" / "head" / "seed-0"
+    stamp = (run / "result.json").stat().st_mtime_ns
+    before = _snapshot([out, store])
+    _fails_cleanly(capsys, compare_argv(data, out, store, "--max-eval", "9", policies="head", search=None),
+                   words=["was trained with other settings", "max_eval None, now 9", "--overwrite"],
+                   untouched=[out, store])
+    assert _snapshot([out, store]) == before
+    assert main(compare_argv(data, out, store, "--max-eval", "9", "--overwrite", policies="head", search=None)) == 0
+    assert (run / "result.json").stat().st_mtime_ns != stamp
+    assert yaml.safe_load((run / "config.yaml").read_text())["max_eval"] == 9
+
+
+def test_policy_specs_with_option_lists_can_be_compared():
+    from attnft.compare.config import CompareConfig
+
+    assert CompareConfig(policies="lora:r=16,alpha=32,attn, ia3").policy_list == ["lora:r=16,alpha=32", "attn", "ia3"]

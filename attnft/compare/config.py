@@ -76,7 +76,15 @@ class CompareConfig:
 
     @property
     def policy_list(self) -> list[str]:
-        return [p.strip() for p in self.policies.split(",") if p.strip()]
+        """The specs of ``--policies``: split at commas, but a ``KEY=VALUE`` item goes on the option list of the
+        spec before it (``lora:r=16,alpha=32,attn``: two policies)."""
+        specs: list[str] = []
+        for item in (p.strip() for p in self.policies.split(",")):
+            if specs and "=" in item and ":" not in item:
+                specs[-1] += "," + item
+            elif item:
+                specs.append(item)
+        return specs
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

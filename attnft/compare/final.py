@@ -19,7 +19,7 @@ from typing import Optional
 
 import yaml
 
-from ..core.errors import AttnftError
+from ..core.errors import AttnftError, ConfigError
 from ..core.files import remove_entry, write_text_atomically
 from ..training.config import FinetuneConfig
 from ..training.run_folder import METRICS_FILE, RESULT_FILE, is_run_folder
@@ -49,15 +49,20 @@ class FinalRun:
 def run_final(ft: FinetuneConfig, policy: str, settings: Settings, seed: int, run_dir: Path, store: Path,
               name: str, overwrite: bool) -> FinalRun:
     """The final run of ``policy`` with ``settings`` and ``seed`` in ``run_dir`` (read back if it finished)."""
-    measured = run_dir / MEASURED_FILE
-    if measured.is_file() and (run_dir / RESULT_FILE).is_file():
-        return FinalRun(**json.loads(measured.read_text()))
-    if run_dir.exists() and (is_run_folder(run_dir) or not any(run_dir.iterdir())):
-        remove_entry(run_dir)  # a run of ours killed before it ended: run it again from the start
     cfg = dataclasses.replace(ft, policy=policy, lr=settings.lr, weight_decay=settings.weight_decay, seed=seed,
                               search_holdout=None, output_dir=str(run_dir), store=str(store), name=name,
                               overwrite=overwrite, progress=False)
     recipe = run_dir.with_suffix(".yaml")
+    measured = run_dir / MEASURED_FILE
+    if measured.is_file() and (run_dir / RESULT_FILE).is_file():
+        changed = _changed(recipe, cfg)
+        if not changed:
+            return FinalRun(**json.loads(measured.read_text()))
+        if not overwrite:
+            raise ConfigError(f"the final run of {policy} (seed {seed}) in {run_dir} was trained with other settings "
+                              f"({changed}): pass --overwrite to train it again and replace its adapter {name}")
+    if run_dir.exists() and (is_run_folder(run_dir) or not any(run_dir.iterdir())):
+        remove_entry(run_dir)  # a run of ours killed before it ended, or of other settings: run it from the start
     recipe.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(recipe, yaml.safe_dump(cfg.to_dict(), sort_keys=False), f"the recipe of {run_dir.name}")
     log_path = run_dir.with_suffix(".log")
@@ -79,6 +84,20 @@ def run_final(ft: FinetuneConfig, policy: str, settings: Settings, seed: int, ru
                    wall_s=round(wall, 2), adapter=name, store=str(store))
     write_text_atomically(measured, json.dumps(dataclasses.asdict(run), indent=2) + "\n", MEASURED_FILE)
     return run
+
+
+def _changed(recipe: Path, cfg: FinetuneConfig) -> str:
+    """What ``cfg`` sets otherwise than the recipe a finished final run was trained from ("" when nothing;
+    ``overwrite`` and ``progress`` change nothing it learns; a field the recipe predates is not compared)."""
+    try:
+        held = yaml.safe_load(recipe.read_text())
+    except (OSError, yaml.YAMLError):
+        held = None
+    if not isinstance(held, dict):
+        return f"its recipe {recipe.name} is missing or unreadable"
+    wanted = cfg.to_dict()
+    keys = [k for k in wanted if k not in ("overwrite", "progress") and k in held and held[k] != wanted[k]]
+    return ", ".join(f"{k} {held.get(k)!r}, now {wanted[k]!r}" for k in keys[:3]) + (" ..." if len(keys) > 3 else "")
 
 
 def _watch_peak_rss(child: subprocess.Popen, every_s: float = 0.1) -> int:

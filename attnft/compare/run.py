@@ -9,6 +9,9 @@ but the chosen adapters, which land in the store as ``compare-TASK-POLICY``.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -110,7 +113,23 @@ def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
         for p in policies:
             if not _final_done(folder, p):
                 store.check_writable(plan.names[p], cfg.overwrite)
+    for p in policies:
+        _check_runs(plan, p)
     return plan
+
+
+def _check_runs(plan: Plan, policy: str) -> None:
+    """What finetune would refuse in a run of ``policy`` (the model, the data, the policy on that model, the batch
+    against the split a trial trains on, a step's memory): its own checks, which write nothing, before the
+    comparison writes anything."""
+    from ..training.plan import check_run
+
+    cfg = dataclasses.replace(plan.ft, policy=policy, search_holdout=plan.cfg.holdout if plan.cfg.search else None,
+                              output_dir=str(plan.folder / "trials" / slug(policy) / "trial-000"),
+                              store=str(plan.folder / "trials" / "adapters"), name=f"{slug(policy)}-trial-000",
+                              overwrite=True, progress=False)
+    with contextlib.ExitStack() as on_exit:
+        check_run(cfg, on_exit)
 
 
 def _checked_storage(plan: Plan, url: str):
@@ -133,13 +152,13 @@ def search_policy(plan: Plan, policy: str, progress):
     """The search of one policy: its study's trials run until it holds --search of them; the study."""
     cfg, ft = plan.cfg, plan.ft
     default_lr = parse_method(policy).defaults.lr_for(ft.batch_size * ft.grad_accum)
-    study = search.open_study(plan.storage, f"{plan.study_base}-{policy}", plan.ident[policy], cfg.search,
-                              cfg.search_seed, cfg.pruner, ft.epochs)
+    study = search.open_study(plan.storage, f"{plan.study_base}-{policy}", plan.ident[policy], cfg.pruner, ft.epochs)
     progress.update(min(len(search.counted(study)), cfg.search))  # trials run before (a resumed comparison)
     objective = search.trial_objective(ft, policy, default_lr, cfg.holdout, cfg.search_seed,
                                        plan.folder / "trials" / slug(policy), plan.folder / "trials" / "adapters",
                                        slug(policy))
-    search.run_trials(study, cfg.search, objective, on_trial=lambda: progress.update(1))
+    search.run_trials(study, cfg.search, objective, on_trial=lambda: progress.update(1),
+                      sampler_for=functools.partial(search.trial_sampler, cfg.search_seed, policy, cfg.search))
     return study
 
 
@@ -155,10 +174,11 @@ def final_runs(plan: Plan, policy: str, study, progress) -> dict:
     runs = []
     for seed in range(cfg.seeds):
         run_dir = plan.folder / "final" / slug(policy) / f"seed-{seed}"
-        # the first seed's adapter is the one kept in the store; the others stay in the compare folder
+        # the first seed's adapter is the one kept in the store (replaced with --overwrite only); the others stay in
+        # the compare folder, its own to replace
         into = plan.store.root if seed == 0 else plan.folder / "final" / "adapters"
         name = plan.names[policy] if seed == 0 else f"{plan.names[policy]}-seed{seed}"
-        runs.append(run_final(ft, policy, settings, seed, run_dir, into, name, cfg.overwrite and seed == 0))
+        runs.append(run_final(ft, policy, settings, seed, run_dir, into, name, cfg.overwrite or seed > 0))
         progress.update(1)
     return policy_row(policy, settings, runs, trials, trials["seconds"] if trials else 0.0)
 
@@ -198,8 +218,8 @@ def _check_compare_folder(folder: Path, ident: dict) -> None:
         held = None
     if not isinstance(held, dict) or held.get("format") != MARKER_FORMAT:
         raise ConfigError(f"{marker} is not a comparison's: pass another --output-dir")
-    for key, value in ident.items():
-        if key != "policy" and held.get(key) != value:
+    for key, value in ident.items():  # a setting the marker predates (an older attnft's) is not compared
+        if key != "policy" and key in held and held[key] != value:
             raise ConfigError(f"{folder} holds a comparison of {key} {held.get(key)!r}, not {value!r}: "
                               "pass another --output-dir")
 

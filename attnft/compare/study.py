@@ -8,7 +8,8 @@ pruner can stop one that lags. The evaluation split is never read by a trial.
 A study lives in any database Optuna takes: by default an SQLite file in the compare folder, so a
 killed comparison resumes and re-runs no finished trial; with ``--storage URL`` several processes on
 several machines share its trials (each asks the study for the next one; a trial beyond the N asked
-is closed unrun). A study records what it compares (data, base, resolution, epochs, hold-out) and
+is closed unrun; each trial draws from its own seed, so two processes never draw alike). A study records what
+it compares (every finetune setting that decides what a trial learns and is scored on, and the hold-out) and
 refuses a comparison of anything else.
 """
 from __future__ import annotations
@@ -22,11 +23,12 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..core.errors import AttnftError, ConfigError
 from ..core.files import pid_alive
 from ..training.config import FinetuneConfig
+from .config import OWN_FIELDS
 
 if TYPE_CHECKING:
     import optuna
@@ -35,9 +37,12 @@ STUDY_FILE = "study.db"  # the default storage, in the compare folder
 WEIGHT_DECAY_RANGE = (1e-4, 0.3)
 SCHEMA_ATTEMPTS = 5
 LR_SPAN = 10.0  # the search's lr range: the default / LR_SPAN to the default x LR_SPAN
-# what a study compares: a comparison with other values would mix trials of another task in
-IDENTITY_FIELDS = ("dataset", "data_dir", "model", "checkpoint", "res", "epochs", "steps", "max_train", "batch_size",
-                   "grad_accum", "warmup_epochs")
+# what a study compares is every finetune setting (a comparison with another value would mix in trials of another task,
+# split or recipe) but those the comparison sets per run (OWN_FIELDS) and these, which change where and how a run runs
+# and reports, not what it learns or is scored on (max_eval: the final runs', checked by their recipe)
+NOT_IDENTITY = frozenset({"max_eval", "workers", "cpu", "eval_before", "log_every", "log_with", "progress", "compile",
+                          "recompute_ffn", "grad_checkpointing", "find_unused_parameters", "keep_checkpoints", "store"})
+PATHS = ("dataset", "data_dir", "checkpoint", "teacher_checkpoint")  # the same from any working directory
 
 
 def require_optuna():
@@ -60,9 +65,9 @@ class Settings:
 
 
 def identity(ft: FinetuneConfig, policy: str, holdout: float) -> dict:
-    """What a study's trials are of, as its user attributes hold it (JSON scalars)."""
-    values = {name: getattr(ft, name) for name in IDENTITY_FIELDS}
-    for key in ("dataset", "data_dir", "checkpoint"):  # a path the same from any working directory
+    """What a study's trials are of, as its user attributes hold it (JSON values)."""
+    values = {k: v for k, v in ft.to_dict().items() if k not in OWN_FIELDS | NOT_IDENTITY}
+    for key in PATHS:
         if values[key] is not None and os.path.exists(values[key]):
             values[key] = os.path.abspath(values[key])
     return {**values, "policy": policy, "holdout": holdout}
@@ -103,13 +108,11 @@ def _safe_url(url: str) -> str:
         return url
 
 
-def open_study(storage, name: str, ident: dict, search: int, seed: int, pruner: str, epochs: int):
-    """The study ``name`` (created, or joined), checked to hold trials of ``ident`` only. Its sampler is TPE
-    seeded from ``seed`` and the policy (each policy its own draws), random for the first half of the trials."""
+def open_study(storage, name: str, ident: dict, pruner: str, epochs: int):
+    """The study ``name`` (created, or joined), checked to hold trials of ``ident`` only. Its sampler is set per
+    trial (:func:`run_trials`)."""
     optuna = require_optuna()
-    policy_seed = (seed * 1_000_003 + zlib.crc32(ident["policy"].encode())) % 2**32
-    sampler = optuna.samplers.TPESampler(seed=policy_seed, n_startup_trials=max(2, min(10, search // 2)))
-    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", sampler=sampler,
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                                 pruner=_pruner(optuna, pruner, epochs), load_if_exists=True)
     held = study.user_attrs
     for key, value in ident.items():
@@ -132,6 +135,17 @@ def check_study(storage, name: str, ident: dict) -> None:
         if key in study.user_attrs and study.user_attrs[key] != value:
             raise ConfigError(f"the study {name} in {_safe_url(storage.url)} holds trials of {key} "
                               f"{study.user_attrs[key]!r}, not {value!r}: pass another --study (or --output-dir)")
+
+
+def trial_sampler(seed: int, policy: str, search: int, number: int):
+    """The sampler that draws trial ``number`` of ``policy``'s study: TPE, random for the first half of the
+    ``search`` trials, seeded from ``seed``, the policy and the trial's number. Each trial its own seed: a
+    process that joins or resumes a study draws new settings, not those its first trial drew in another process
+    (workers seeded alike would all run the same settings), and a resumed search draws what it would have
+    drawn unkilled."""
+    optuna = require_optuna()
+    trial_seed = (seed * 1_000_003 + zlib.crc32(policy.encode()) + number * 7_919) % 2**32
+    return optuna.samplers.TPESampler(seed=trial_seed, n_startup_trials=max(2, min(10, search // 2)))
 
 
 def _pruner(optuna, kind: str, epochs: int):
@@ -164,14 +178,17 @@ def fail_dead_trials(study) -> None:
             study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
 
 
-def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], None]) -> None:
-    """Ask the study for trials and run them until it holds ``search`` that count; ``on_trial`` after each one."""
+def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], None],
+               sampler_for: Callable[[int], Any]) -> None:
+    """Ask the study for trials and run them until it holds ``search`` that count, each drawn by the sampler
+    ``sampler_for(its number)`` (:func:`trial_sampler`); ``on_trial`` after each one."""
     from optuna import TrialPruned
     from optuna.trial import TrialState
 
     fail_dead_trials(study)
     while len(counted(study)) < search:
         trial = study.ask()
+        study.sampler = sampler_for(trial.number)  # the trial samples lazily, at its suggest calls: from this one
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("pid", os.getpid())
         if trial.number not in [t.number for t in counted(study)[:search]]:
