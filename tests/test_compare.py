@@ -300,3 +300,22 @@ def test_policy_specs_with_option_lists_can_be_compared():
     from attnft.compare.config import CompareConfig
 
     assert CompareConfig(policies="lora:r=16,alpha=32,attn, ia3").policy_list == ["lora:r=16,alpha=32", "attn", "ia3"]
+
+
+def test_a_trial_whose_worker_died_elsewhere_is_failed_once_its_heartbeat_is_stale(tmp_path):
+    """A trial left running by a worker on another machine (no pid to look at here) stops counting toward N and
+    holding up the report once its heartbeat is older than the grace period (Optuna's stale trials)."""
+    from attnft.compare.study import counted, fail_dead_trials
+
+    with pytest.warns(optuna.exceptions.ExperimentalWarning):
+        storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1, grace_period=1)
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    with pytest.warns(UserWarning, match="Heartbeat"):  # Optuna's note on ask-and-tell, which attnft keeps quiet
+        trial = study.ask()
+    trial.set_user_attr("host", "a-machine-elsewhere")
+    storage.record_heartbeat(trial._trial_id)  # its last beat
+    fail_dead_trials(study)
+    assert [t.number for t in counted(study)] == [0]  # within the grace period it still counts
+    time.sleep(2.5)
+    fail_dead_trials(study)
+    assert counted(study) == [] and study.trials[0].state.name == "FAIL"

@@ -148,12 +148,14 @@ def start_folder(plan: Plan) -> None:
         plan.storage = _checked_storage(plan, f"sqlite:///{(plan.folder / search.STUDY_FILE).resolve()}")
 
 
-def search_policy(plan: Plan, policy: str, progress):
-    """The search of one policy: its study's trials run until it holds --search of them; the study."""
+def search_policy(plan: Plan, policy: str, progress, resumed: bool = False):
+    """The search of one policy: its study's trials run until it holds --search of them; the study. ``resumed``: the
+    progress bar counted the trials it holds already."""
     cfg, ft = plan.cfg, plan.ft
     default_lr = parse_method(policy).defaults.lr_for(ft.batch_size * ft.grad_accum)
     study = search.open_study(plan.storage, f"{plan.study_base}-{policy}", plan.ident[policy], cfg.pruner, ft.epochs)
-    progress.update(min(len(search.counted(study)), cfg.search))  # trials run before (a resumed comparison)
+    if not resumed:
+        progress.update(min(len(search.counted(study)), cfg.search))  # trials run before (a resumed comparison)
     objective = search.trial_objective(ft, policy, default_lr, cfg.holdout, cfg.search_seed,
                                        plan.folder / "trials" / slug(policy), plan.folder / "trials" / "adapters",
                                        slug(policy))
@@ -162,13 +164,23 @@ def search_policy(plan: Plan, policy: str, progress):
     return study
 
 
+def _settled(plan: Plan, policy: str, study, progress):
+    """``study`` once no trial of it runs (other workers' end first); one failed meanwhile because its worker died
+    (its heartbeat stopped) leaves the study short, and this process runs the trials missing."""
+    while True:
+        search.wait_for_running(study, policy, print_fn=progress.write)
+        if len(search.counted(study)) >= plan.cfg.search:
+            return study
+        study = search_policy(plan, policy, progress, resumed=True)
+
+
 def final_runs(plan: Plan, policy: str, study, progress) -> dict:
     """The chosen settings (or the defaults) on the whole training split, once per seed; the policy's report row."""
     cfg, ft = plan.cfg, plan.ft
     settings = search.Settings(lr=None, weight_decay=ft.weight_decay, source="the policy's defaults")
     trials = None
     if study is not None:
-        search.wait_for_running(study, policy, print_fn=progress.write)
+        study = _settled(plan, policy, study, progress)
         settings = search.chosen(study) or settings
         trials = search.trial_counts(study)
     runs = []

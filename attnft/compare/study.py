@@ -20,6 +20,7 @@ import math
 import os
 import socket
 import time
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 STUDY_FILE = "study.db"  # the default storage, in the compare folder
 WEIGHT_DECAY_RANGE = (1e-4, 0.3)
 SCHEMA_ATTEMPTS = 5
+# a running trial records a heartbeat this often; one silent for the grace period (its process or machine gone) is
+# failed by the next process that looks, so that it neither counts toward N nor holds up the report
+HEARTBEAT_S, GRACE_S = 60, 600
 LR_SPAN = 10.0  # the search's lr range: the default / LR_SPAN to the default x LR_SPAN
 # what a study compares is every finetune setting (a comparison with another value would mix in trials of another task,
 # split or recipe) but those the comparison sets per run (OWN_FIELDS) and these, which change where and how a run runs
@@ -83,7 +87,10 @@ def open_storage(url: str):
     engine_kwargs = {"connect_args": {"connect_timeout": 10}} if url.startswith(("postgresql", "mysql")) else {}
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+            with warnings.catch_warnings():  # the heartbeat is "experimental" in Optuna since 2.9
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S,
+                                                  grace_period=GRACE_S)
         except (IntegrityError, ProgrammingError, OperationalError) as e:
             # workers started together on an empty database race to create Optuna's tables: the loser finds them
             racing = not isinstance(e, OperationalError) or "already exists" in str(e)
@@ -169,9 +176,14 @@ def counted(study) -> list:
 
 
 def fail_dead_trials(study) -> None:
-    """Close as failed the running trials of this machine whose process is gone (a comparison killed here)."""
+    """Close as failed the running trials whose process is gone: at once those of this machine (a comparison killed
+    here), those of any machine whose heartbeat stopped :data:`GRACE_S` ago (Optuna's stale trials)."""
+    import optuna
     from optuna.trial import TrialState
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         host, pid = trial.user_attrs.get("host"), trial.user_attrs.get("pid")
         if host == socket.gethostname() and isinstance(pid, int) and pid != os.getpid() and not pid_alive(pid):
@@ -187,7 +199,9 @@ def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], N
 
     fail_dead_trials(study)
     while len(counted(study)) < search:
-        trial = study.ask()
+        with warnings.catch_warnings():  # Optuna says so of ask-and-tell: _heartbeat keeps it as optimize does
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+            trial = study.ask()
         study.sampler = sampler_for(trial.number)  # the trial samples lazily, at its suggest calls: from this one
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("pid", os.getpid())
@@ -197,7 +211,8 @@ def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], N
             study.tell(trial, state=TrialState.FAIL)
             break
         try:
-            value = objective(trial)
+            with _heartbeat(study, trial):
+                value = objective(trial)
         except TrialPruned:
             study.tell(trial, state=TrialState.PRUNED)
         except BaseException:
@@ -206,6 +221,19 @@ def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], N
         else:
             study.tell(trial, value)
         on_trial()
+
+
+@contextlib.contextmanager
+def _heartbeat(study, trial):
+    """The trial's heartbeat while it runs, as ``study.optimize`` keeps one (ask-and-tell keeps none itself)."""
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    beating = get_heartbeat_thread(trial._trial_id, study._storage)  # a no-op where the storage has no heartbeat
+    beating.start()
+    try:
+        yield
+    finally:
+        beating.join()
 
 
 def wait_for_running(study, what: str, poll_s: float = 10.0, print_fn=print) -> None:
