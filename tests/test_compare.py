@@ -319,3 +319,38 @@ def test_a_trial_whose_worker_died_elsewhere_is_failed_once_its_heartbeat_is_sta
     time.sleep(2.5)
     fail_dead_trials(study)
     assert counted(study) == [] and study.trials[0].state.name == "FAIL"
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl's parent-death signal is Linux's")
+def test_a_final_run_ends_with_the_comparison_that_started_it_even_killed(data, tmp_path):
+    """SIGKILL leaves the comparison no chance to stop its final run: the run ends by itself (the parent-death
+    signal), instead of saving into the store and the compare folder behind a comparison that is gone."""
+    out, store = tmp_path / "out", tmp_path / "store"
+    argv = [sys.executable, "-m", "attnft", *compare_argv(data, out, store, policies="head", search=None)]
+    parent = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not _children(parent.pid) and parent.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    children = _children(parent.pid)
+    assert children, "the final run never started"
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(_running(c) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(c) for c in children)
+    assert not (store / "compare-clothes-head").exists()

@@ -21,6 +21,7 @@ import yaml
 
 from ..core.errors import AttnftError, ConfigError
 from ..core.files import remove_entry, write_text_atomically
+from ..core.lifetime import child_env
 from ..training.config import FinetuneConfig
 from ..training.run_folder import METRICS_FILE, RESULT_FILE, is_run_folder
 from .study import Settings
@@ -69,7 +70,7 @@ def run_final(ft: FinetuneConfig, policy: str, settings: Settings, seed: int, ru
     start = time.perf_counter()
     with open(log_path, "w") as log:
         child = subprocess.Popen([sys.executable, "-m", "attnft", "finetune", "--recipe", str(recipe)],
-                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env())
         peak_kb = _watch_peak_rss(child)
     wall = time.perf_counter() - start
     if child.returncode != 0:
