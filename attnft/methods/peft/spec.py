@@ -125,8 +125,8 @@ PEFT_METHODS: dict[str, PeftMethod] = {
     "ia3": PeftMethod("ia3", "IA3", IA3Options, _ia3_config, _linear_or_conv, False, "learned scaling of each targeted module's output (FFN: input)",
                       TrainingDefaults(7e-2, "scales start at 1 and move little at a block weight's rate: on lr_grid, "
                                              "4 tasks, 7e-2 after a warmup of 40% of the run was within 0.8 of the best "
-                                             "on 3 (3 seeds where close) and 1.3 short on digits; with 20%, 1.9 short "
-                                             "on Fashion-MNIST, the base's own data", warmup=0.4)),
+                                             "on each (6 seeds where close: 3 on RGBA MNIST); with 20%, 1.9 short on "
+                                             "Fashion-MNIST, the base's own data", warmup=0.4)),
 }
 
 # roles a peft policy may name: adapted module roles, plus the head trained whole
