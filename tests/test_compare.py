@@ -354,3 +354,21 @@ def test_a_final_run_ends_with_the_comparison_that_started_it_even_killed(data, 
         time.sleep(0.1)
     assert not any(_running(c) for c in children)
     assert not (store / "compare-clothes-head").exists()
+
+
+@pytest.mark.filterwarnings("ignore:Fixed parameter")  # Optuna's, on the enqueued lr outside the range
+def test_a_trial_that_diverges_ends_pruned_and_the_search_goes_on(data, tmp_path):
+    """An lr too high for the policy is what a search is there to find: the trial is pruned (it counts toward N and
+    is never chosen), not the end of the comparison."""
+    from attnft.compare.study import open_study, run_trials, trial_objective, trial_sampler
+    from attnft.training.config import FinetuneConfig
+
+    ft = FinetuneConfig(dataset=str(data), model="vit_fmnist_patch4_28", epochs=1, batch_size=32, workers=0,
+                        progress=False)
+    study = open_study(optuna.storages.InMemoryStorage(), "s", {"policy": "full"}, "none", 1)
+    study.enqueue_trial({"lr": 1e3, "weight_decay": 1e-4})  # an lr no search would draw: it breaks the weights
+    objective = trial_objective(ft, "full", 5e-4, 0.2, 0, tmp_path / "trials", tmp_path / "adapters", "full")
+    run_trials(study, 2, objective, lambda: None, lambda n: trial_sampler(0, "full", 2, n))
+    first, second = study.trials
+    assert first.state.name == "PRUNED" and "diverged" in first.user_attrs["diverged"]
+    assert second.state.name == "COMPLETE"

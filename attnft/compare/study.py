@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ..core.errors import AttnftError, ConfigError
+from ..core.errors import AttnftError, ConfigError, DivergedError
 from ..core.files import pid_alive
 from ..training.config import FinetuneConfig
 from .config import OWN_FIELDS
@@ -307,6 +307,9 @@ def trial_objective(ft: FinetuneConfig, policy: str, default_lr: float, holdout:
         with open(run_dir.parent / f"trial-{trial.number:03d}.log", "w") as log, contextlib.redirect_stdout(log):
             try:
                 result = finetune(cfg, on_epoch=report)
+            except DivergedError as e:  # an outcome of its settings (an lr too high), not the user's: it ends pruned
+                trial.set_user_attr("diverged", str(e))
+                raise optuna.TrialPruned(f"diverged: {e}") from None
             except AttnftError as e:
                 raise ConfigError(f"trial {trial.number} of {policy} failed: {e}") from None
         return float(result.accuracy_after)
