@@ -291,6 +291,10 @@ def test_a_final_run_of_other_settings_is_refused_then_run_again_with_overwrite(
                    words=["was trained with other settings", "max_eval None, now 9", "--overwrite"],
                    untouched=[out, store])
     assert _snapshot([out, store]) == before
+    # spelled otherwise, with settings that change nothing it learns: the same recipe, read back
+    assert main(compare_argv(f"{data}/", out, store, "--workers", "1", "--log-every", "3", policies="head",
+                             search=None)) == 0
+    assert _snapshot([out / "final", store]) == {k: v for k, v in before.items() if "/final/" in k or str(store) in k}
     assert main(compare_argv(data, out, store, "--max-eval", "9", "--overwrite", policies="head", search=None)) == 0
     assert (run / "result.json").stat().st_mtime_ns != stamp
     assert yaml.safe_load((run / "config.yaml").read_text())["max_eval"] == 9

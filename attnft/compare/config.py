@@ -34,7 +34,8 @@ class CompareConfig:
     output_dir: Optional[str] = option(None, "the compare folder: report, study, one folder per run "
                                        "(default: compare/<task>)", metavar="DIR", group=COMPARE)
     overwrite: bool = option(False, "replace the adapters an earlier comparison saved in the store under the same "
-                             "names (the compare folder itself always resumes)", group=COMPARE)
+                             "names, and run again the final runs of this folder trained from other settings (the "
+                             "rest of the compare folder always resumes)", group=COMPARE)
     search: Optional[int] = option(None, "trials per policy over the learning rate (log-uniform, 10x either side of "
                                    "the policy's default) and weight decay, scored on a held-out share of the "
                                    "training split; then the chosen settings retrained on all of it "

@@ -2,8 +2,9 @@
 evaluation split, once per seed, each an ``attnft finetune --recipe`` in its own process.
 
 Its own process gives each run its own peak memory (the child's resident set, its ``VmHWM``) and
-wall time. A run that finished (its ``result.json`` and the measurement beside it) is read back, not
-run again, so a comparison killed in this phase resumes here too.
+wall time. A run that finished (its ``result.json`` and the measurement beside it) from the same recipe is read
+back, not run again, so a comparison killed in this phase resumes here too; one of other settings is refused, or
+with ``--overwrite`` run again.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ..core.files import remove_entry, write_text_atomically
 from ..core.lifetime import child_env
 from ..training.config import FinetuneConfig
 from ..training.run_folder import METRICS_FILE, RESULT_FILE, is_run_folder
-from .study import Settings
+from .study import NOT_LEARNED, Settings, settings_of
 
 MEASURED_FILE = "compare_run.json"  # beside result.json: what the comparison measured of the run
 
@@ -47,21 +48,27 @@ class FinalRun:
     store: str
 
 
+def final_config(ft: FinetuneConfig, policy: str, settings: Settings, seed: int, run_dir: Path, store: Path,
+                 name: str, overwrite: bool) -> FinetuneConfig:
+    """The config of one final run (its recipe)."""
+    return dataclasses.replace(ft, policy=policy, lr=settings.lr, weight_decay=settings.weight_decay, seed=seed,
+                               search_holdout=None, output_dir=str(run_dir), store=str(store), name=name,
+                               overwrite=overwrite, progress=False)
+
+
+def is_finished(run_dir: Path) -> bool:
+    return (run_dir / MEASURED_FILE).is_file() and (run_dir / RESULT_FILE).is_file()
+
+
 def run_final(ft: FinetuneConfig, policy: str, settings: Settings, seed: int, run_dir: Path, store: Path,
               name: str, overwrite: bool) -> FinalRun:
-    """The final run of ``policy`` with ``settings`` and ``seed`` in ``run_dir`` (read back if it finished)."""
-    cfg = dataclasses.replace(ft, policy=policy, lr=settings.lr, weight_decay=settings.weight_decay, seed=seed,
-                              search_holdout=None, output_dir=str(run_dir), store=str(store), name=name,
-                              overwrite=overwrite, progress=False)
+    """The final run of ``policy`` with ``settings`` and ``seed`` in ``run_dir``: read back if it finished from the
+    same recipe; one of other settings is refused (ConfigError), or with ``overwrite`` run again."""
+    cfg = final_config(ft, policy, settings, seed, run_dir, store, name, overwrite)
     recipe = run_dir.with_suffix(".yaml")
     measured = run_dir / MEASURED_FILE
-    if measured.is_file() and (run_dir / RESULT_FILE).is_file():
-        changed = _changed(recipe, cfg)
-        if not changed:
-            return FinalRun(**json.loads(measured.read_text()))
-        if not overwrite:
-            raise ConfigError(f"the final run of {policy} (seed {seed}) in {run_dir} was trained with other settings "
-                              f"({changed}): pass --overwrite to train it again and replace its adapter {name}")
+    if is_finished(run_dir) and same_recipe(run_dir, cfg):
+        return FinalRun(**json.loads(measured.read_text()))
     if run_dir.exists() and (is_run_folder(run_dir) or not any(run_dir.iterdir())):
         remove_entry(run_dir)  # a run of ours killed before it ended, or of other settings: run it from the start
     recipe.parent.mkdir(parents=True, exist_ok=True)
@@ -87,18 +94,29 @@ def run_final(ft: FinetuneConfig, policy: str, settings: Settings, seed: int, ru
     return run
 
 
-def _changed(recipe: Path, cfg: FinetuneConfig) -> str:
-    """What ``cfg`` sets otherwise than the recipe a finished final run was trained from ("" when nothing;
-    ``overwrite`` and ``progress`` change nothing it learns; a field the recipe predates is not compared)."""
+def same_recipe(run_dir: Path, cfg: FinetuneConfig, also_ignore: frozenset = frozenset()) -> bool:
+    """Whether the finished final run in ``run_dir`` was trained from ``cfg``'s recipe (:func:`changed_settings`);
+    one that was not is refused, ConfigError, unless ``cfg.overwrite`` lets it be run again."""
+    changed = changed_settings(run_dir.with_suffix(".yaml"), cfg, also_ignore)
+    if changed and not cfg.overwrite:
+        raise ConfigError(f"the final run of {cfg.policy} (seed {cfg.seed}) in {run_dir} was trained with other "
+                          f"settings ({changed}): pass --overwrite to train it again and replace its adapter {cfg.name}")
+    return not changed
+
+
+def changed_settings(recipe: Path, cfg: FinetuneConfig, also_ignore: frozenset = frozenset()) -> str:
+    """What ``cfg`` sets otherwise than the recipe a finished final run was trained from, in a few words ("" when
+    nothing). Not compared: what does not change what a run learns or is scored on (:data:`.study.NOT_LEARNED`),
+    ``also_ignore``, and a field the recipe predates; paths as absolute paths."""
     try:
         held = yaml.safe_load(recipe.read_text())
     except (OSError, yaml.YAMLError):
         held = None
     if not isinstance(held, dict):
         return f"its recipe {recipe.name} is missing or unreadable"
-    wanted = cfg.to_dict()
-    keys = [k for k in wanted if k not in ("overwrite", "progress") and k in held and held[k] != wanted[k]]
-    return ", ".join(f"{k} {held.get(k)!r}, now {wanted[k]!r}" for k in keys[:3]) + (" ..." if len(keys) > 3 else "")
+    held, wanted = (settings_of(values, NOT_LEARNED | also_ignore) for values in (held, cfg.to_dict()))
+    keys = [k for k in wanted if k in held and held[k] != wanted[k]]
+    return ", ".join(f"{k} {held[k]!r}, now {wanted[k]!r}" for k in keys[:3]) + (" ..." if len(keys) > 3 else "")
 
 
 def _watch_peak_rss(child: subprocess.Popen, every_s: float = 0.1) -> int:

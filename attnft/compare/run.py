@@ -30,7 +30,7 @@ from ..training.step_clock import progress_bar
 from ..methods import parse_method
 from . import study as search
 from .config import CompareConfig
-from .final import run_final
+from .final import final_config, is_finished, run_final, same_recipe
 from .report import final_line, policy_row, write_report
 
 MARKER = "compare_config.json"  # what makes a folder a comparison's, and of which task
@@ -114,6 +114,7 @@ def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
             if not _final_done(folder, p):
                 store.check_writable(plan.names[p], cfg.overwrite)
     for p in policies:
+        _check_finished_final_runs(plan, p)
         _check_runs(plan, p)
     return plan
 
@@ -125,8 +126,8 @@ def _check_runs(plan: Plan, policy: str) -> None:
     from ..training.plan import check_run
 
     cfg = dataclasses.replace(plan.ft, policy=policy, search_holdout=plan.cfg.holdout if plan.cfg.search else None,
-                              output_dir=str(plan.folder / "trials" / slug(policy) / "trial-000"),
-                              store=str(plan.folder / "trials" / "adapters"), name=f"{slug(policy)}-trial-000",
+                              output_dir=str(plan.folder / "trials" / slug(policy) / "checked"),  # no run writes there
+                              store=str(plan.folder / "trials" / "adapters"), name=f"{slug(policy)}-checked",
                               overwrite=True, progress=False)
     with contextlib.ExitStack() as on_exit:
         check_run(cfg, on_exit)
@@ -185,14 +186,31 @@ def final_runs(plan: Plan, policy: str, study, progress) -> dict:
         trials = search.trial_counts(study)
     runs = []
     for seed in range(cfg.seeds):
-        run_dir = plan.folder / "final" / slug(policy) / f"seed-{seed}"
-        # the first seed's adapter is the one kept in the store (replaced with --overwrite only); the others stay in
-        # the compare folder, its own to replace
-        into = plan.store.root if seed == 0 else plan.folder / "final" / "adapters"
-        name = plan.names[policy] if seed == 0 else f"{plan.names[policy]}-seed{seed}"
-        runs.append(run_final(ft, policy, settings, seed, run_dir, into, name, cfg.overwrite or seed > 0))
+        runs.append(run_final(ft, policy, settings, seed, *_final_place(plan, policy, seed)))
         progress.update(1)
     return policy_row(policy, settings, runs, trials, trials["seconds"] if trials else 0.0)
+
+
+def _final_place(plan: Plan, policy: str, seed: int) -> tuple[Path, Path, str, bool]:
+    """Where a final run runs and saves: its folder, store, adapter name, and whether it may replace that adapter.
+    The first seed's adapter is the one kept in the store (replaced with --overwrite only); the others stay in the
+    compare folder, its own to replace."""
+    run_dir = plan.folder / "final" / slug(policy) / f"seed-{seed}"
+    if seed == 0:
+        return run_dir, plan.store.root, plan.names[policy], plan.cfg.overwrite
+    return run_dir, plan.folder / "final" / "adapters", f"{plan.names[policy]}-seed{seed}", True
+
+
+def _check_finished_final_runs(plan: Plan, policy: str) -> None:
+    """ConfigError for a finished final run trained from another recipe than this comparison's (without
+    --overwrite): before anything runs. Its lr and weight decay are the search's to choose, compared when it has
+    chosen (:func:`run_final`); without a search they are the policy's defaults, compared here."""
+    defaults = search.Settings(lr=None, weight_decay=plan.ft.weight_decay, source="")
+    chosen = frozenset({"lr", "weight_decay"}) if plan.cfg.search is not None else frozenset()
+    for seed in range(plan.cfg.seeds):
+        run_dir, *place = _final_place(plan, policy, seed)
+        if is_finished(run_dir):
+            same_recipe(run_dir, final_config(plan.ft, policy, defaults, seed, run_dir, *place), also_ignore=chosen)
 
 
 def _what(cfg: CompareConfig, ft: FinetuneConfig) -> str:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..core.errors import AttnftError, ConfigError, DivergedError
 from ..core.files import pid_alive
-from ..training.config import FinetuneConfig
+from ..training.config import RUN_ONLY_FIELDS, FinetuneConfig
 from .config import OWN_FIELDS
 
 if TYPE_CHECKING:
@@ -43,9 +43,10 @@ HEARTBEAT_S, GRACE_S = 60, 600
 LR_SPAN = 10.0  # the search's lr range: the default / LR_SPAN to the default x LR_SPAN
 # what a study compares is every finetune setting (a comparison with another value would mix in trials of another task,
 # split or recipe) but those the comparison sets per run (OWN_FIELDS) and these, which change where and how a run runs
-# and reports, not what it learns or is scored on (max_eval: the final runs', checked by their recipe)
-NOT_IDENTITY = frozenset({"max_eval", "workers", "cpu", "eval_before", "log_every", "log_with", "progress", "compile",
-                          "recompute_ffn", "grad_checkpointing", "find_unused_parameters", "keep_checkpoints", "store"})
+# and reports, not what it learns (finetune's RUN_ONLY_FIELDS, and the device, compilation and memory savers) or only
+# what the final runs are scored on (max_eval: their recipe is checked instead)
+NOT_LEARNED = RUN_ONLY_FIELDS | {"cpu", "compile", "recompute_ffn", "grad_checkpointing", "find_unused_parameters"}
+NOT_IDENTITY = NOT_LEARNED | {"max_eval"}
 PATHS = ("dataset", "data_dir", "checkpoint", "teacher_checkpoint")  # the same from any working directory
 
 
@@ -70,11 +71,17 @@ class Settings:
 
 def identity(ft: FinetuneConfig, policy: str, holdout: float) -> dict:
     """What a study's trials are of, as its user attributes hold it (JSON values)."""
-    values = {k: v for k, v in ft.to_dict().items() if k not in OWN_FIELDS | NOT_IDENTITY}
+    return {**settings_of(ft.to_dict(), OWN_FIELDS | NOT_IDENTITY), "policy": policy, "holdout": holdout}
+
+
+def settings_of(values: dict, leave_out: frozenset) -> dict:
+    """``values`` (a ``FinetuneConfig.to_dict``) less ``leave_out``, its paths absolute where they exist: the same
+    however the command spelled them."""
+    kept = {k: v for k, v in values.items() if k not in leave_out}
     for key in PATHS:
-        if values[key] is not None and os.path.exists(values[key]):
-            values[key] = os.path.abspath(values[key])
-    return {**values, "policy": policy, "holdout": holdout}
+        if isinstance(kept.get(key), str) and os.path.exists(kept[key]):
+            kept[key] = os.path.abspath(kept[key])
+    return kept
 
 
 def open_storage(url: str):
@@ -148,8 +155,8 @@ def trial_sampler(seed: int, policy: str, search: int, number: int):
     """The sampler that draws trial ``number`` of ``policy``'s study: TPE, random for the first half of the
     ``search`` trials, seeded from ``seed``, the policy and the trial's number. Each trial its own seed: a
     process that joins or resumes a study draws new settings, not those its first trial drew in another process
-    (workers seeded alike would all run the same settings), and a resumed search draws what it would have
-    drawn unkilled."""
+    (workers seeded alike would all run the same settings), and a search resumed between trials draws what it
+    would have drawn unkilled."""
     optuna = require_optuna()
     trial_seed = (seed * 1_000_003 + zlib.crc32(policy.encode()) + number * 7_919) % 2**32
     return optuna.samplers.TPESampler(seed=trial_seed, n_startup_trials=max(2, min(10, search // 2)))
@@ -195,6 +202,7 @@ def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], N
     """Ask the study for trials and run them until it holds ``search`` that count, each drawn by the sampler
     ``sampler_for(its number)`` (:func:`trial_sampler`); ``on_trial`` after each one."""
     from optuna import TrialPruned
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     fail_dead_trials(study)
@@ -214,13 +222,26 @@ def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], N
             with _heartbeat(study, trial):
                 value = objective(trial)
         except TrialPruned:
-            study.tell(trial, state=TrialState.PRUNED)
+            _tell(study, trial, state=TrialState.PRUNED)
+        except UpdateFinishedTrialError:  # from the trial's report: another process failed it, its heartbeat stale
+            pass
         except BaseException:
-            study.tell(trial, state=TrialState.FAIL)
+            _tell(study, trial, state=TrialState.FAIL)
             raise
         else:
-            study.tell(trial, value)
+            _tell(study, trial, value)
         on_trial()
+
+
+def _tell(study, trial, *args, **kwargs) -> None:
+    """``study.tell``; a trial another process failed meanwhile (its heartbeat was stale: this process was stopped,
+    or its database out of reach, longer than the grace period) stays failed and does not count."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    try:
+        study.tell(trial, *args, **kwargs)
+    except UpdateFinishedTrialError:
+        pass
 
 
 @contextlib.contextmanager
