@@ -376,3 +376,26 @@ def test_a_trial_that_diverges_ends_pruned_and_the_search_goes_on(data, tmp_path
     first, second = study.trials
     assert first.state.name == "PRUNED" and "diverged" in first.user_attrs["diverged"]
     assert second.state.name == "COMPLETE"
+
+
+def test_the_reporting_process_runs_the_trial_a_dead_worker_left_running(data, tmp_path, monkeypatch, capsys):
+    """A worker died elsewhere mid-trial: its trial counted toward N while its heartbeat was fresh; once stale it is
+    failed, and the process that reports runs the trial missing instead of waiting for it for ever."""
+    import attnft.compare.study as search
+
+    monkeypatch.setattr(search, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(search, "GRACE_S", 6)
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    storage = search.open_storage(url)
+    study = optuna.create_study(study_name="shared-attn", storage=storage, direction="maximize")
+    with pytest.warns(UserWarning, match="Heartbeat"):
+        dead = study.ask()
+    dead.set_user_attr("host", "a-machine-elsewhere")
+    storage.record_heartbeat(dead._trial_id)  # its last beat
+    start = time.monotonic()
+    assert main(compare_argv(data, tmp_path / "out", tmp_path / "store", "--storage", url, "--study", "shared",
+                             policies="attn", search="2")) == 0
+    assert time.monotonic() - start < 120
+    trials = optuna.load_study(study_name="shared-attn", storage=url).trials
+    assert trials[0].state.name == "FAIL"
+    assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) == 2

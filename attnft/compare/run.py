@@ -170,8 +170,10 @@ def _settled(plan: Plan, policy: str, study, progress):
     (its heartbeat stopped) leaves the study short, and this process runs the trials missing."""
     while True:
         search.wait_for_running(study, policy, print_fn=progress.write)
-        if len(search.counted(study)) >= plan.cfg.search:
+        missing = plan.cfg.search - len(search.counted(study))
+        if missing <= 0:
             return study
+        progress.total += missing  # the bar counted the failed trials when they were running
         study = search_policy(plan, policy, progress, resumed=True)
 
 
