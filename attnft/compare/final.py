@@ -95,16 +95,16 @@ def run_final(ft: FinetuneConfig, policy: str, settings: Settings, seed: int, ru
 
 
 def same_recipe(run_dir: Path, cfg: FinetuneConfig, also_ignore: frozenset = frozenset()) -> bool:
-    """Whether the finished final run in ``run_dir`` was trained from ``cfg``'s recipe (:func:`changed_settings`);
+    """Whether the finished final run in ``run_dir`` was trained from ``cfg``'s recipe (:func:`_changed_settings`);
     one that was not is refused, ConfigError, unless ``cfg.overwrite`` lets it be run again."""
-    changed = changed_settings(run_dir.with_suffix(".yaml"), cfg, also_ignore)
+    changed = _changed_settings(run_dir.with_suffix(".yaml"), cfg, also_ignore)
     if changed and not cfg.overwrite:
         raise ConfigError(f"the final run of {cfg.policy} (seed {cfg.seed}) in {run_dir} was trained with other "
                           f"settings ({changed}): pass --overwrite to train it again and replace its adapter {cfg.name}")
     return not changed
 
 
-def changed_settings(recipe: Path, cfg: FinetuneConfig, also_ignore: frozenset = frozenset()) -> str:
+def _changed_settings(recipe: Path, cfg: FinetuneConfig, also_ignore: frozenset = frozenset()) -> str:
     """What ``cfg`` sets otherwise than the recipe a finished final run was trained from, in a few words ("" when
     nothing). Not compared: what does not change what a run learns or is scored on (:data:`.study.NOT_LEARNED`),
     ``also_ignore``, and a field the recipe predates; paths as absolute paths."""

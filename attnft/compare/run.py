@@ -109,11 +109,9 @@ def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
         search.require_optuna()
         if cfg.storage is not None:  # an unreachable database, before the folder is made
             plan.storage = _checked_storage(plan, cfg.storage)
-    if not cfg.search_only:
-        for p in policies:
-            if not _final_done(folder, p):
-                store.check_writable(plan.names[p], cfg.overwrite)
     for p in policies:
+        if not cfg.search_only and not is_finished(_final_place(plan, p, 0)[0]):
+            store.check_writable(plan.names[p], cfg.overwrite)
         _check_finished_final_runs(plan, p)
         _check_runs(plan, p)
     return plan
@@ -180,7 +178,7 @@ def _settled(plan: Plan, policy: str, study, progress):
 def final_runs(plan: Plan, policy: str, study, progress) -> dict:
     """The chosen settings (or the defaults) on the whole training split, once per seed; the policy's report row."""
     cfg, ft = plan.cfg, plan.ft
-    settings = search.Settings(lr=None, weight_decay=ft.weight_decay, source="the policy's defaults")
+    settings = _defaults(ft)
     trials = None
     if study is not None:
         study = _settled(plan, policy, study, progress)
@@ -191,6 +189,11 @@ def final_runs(plan: Plan, policy: str, study, progress) -> dict:
         runs.append(run_final(ft, policy, settings, seed, *_final_place(plan, policy, seed)))
         progress.update(1)
     return policy_row(policy, settings, runs, trials, trials["seconds"] if trials else 0.0)
+
+
+def _defaults(ft: FinetuneConfig) -> search.Settings:
+    """A policy's own settings, without a search: its default lr (None: the run resolves it), the weight decay asked."""
+    return search.Settings(lr=None, weight_decay=ft.weight_decay, source="the policy's defaults")
 
 
 def _final_place(plan: Plan, policy: str, seed: int) -> tuple[Path, Path, str, bool]:
@@ -207,7 +210,7 @@ def _check_finished_final_runs(plan: Plan, policy: str) -> None:
     """ConfigError for a finished final run trained from another recipe than this comparison's (without
     --overwrite): before anything runs. Its lr and weight decay are the search's to choose, compared when it has
     chosen (:func:`run_final`); without a search they are the policy's defaults, compared here."""
-    defaults = search.Settings(lr=None, weight_decay=plan.ft.weight_decay, source="")
+    defaults = _defaults(plan.ft)
     chosen = frozenset({"lr", "weight_decay"}) if plan.cfg.search is not None else frozenset()
     for seed in range(plan.cfg.seeds):
         run_dir, *place = _final_place(plan, policy, seed)
@@ -224,12 +227,6 @@ def _what(cfg: CompareConfig, ft: FinetuneConfig) -> str:
     scored = "the evaluation split" if ft.max_eval is None else f"the evaluation split (up to {ft.max_eval:,} images)"
     length = f"{ft.steps} step(s)" if ft.steps else f"{ft.epochs:g} epoch(s)"
     return chosen + f"then trained on {train} for {length} and scored on {scored}, {cfg.seeds} seed(s) a policy"
-
-
-def _final_done(folder: Path, policy: str) -> bool:
-    from .final import MEASURED_FILE
-
-    return (folder / "final" / slug(policy) / "seed-0" / MEASURED_FILE).is_file()
 
 
 def _check_compare_folder(folder: Path, ident: dict) -> None:
