@@ -1,6 +1,6 @@
 """A store: a folder of named adapters, one sub-folder each.
 
-Names are ``[A-Za-z0-9][A-Za-z0-9._-]*`` without ``..``, so a name can never reach outside the
+Names are ``[A-Za-z0-9][A-Za-z0-9._-]*`` without ``..`` (:mod:`.names`), so a name can never reach outside the
 store. Hidden entries (``.tmp-*`` being written, ``.del-*`` being deleted) are never listed;
 every write and delete is atomic (see :func:`attnft.core.files.write_directory_atomically`), and
 a failed one (full disk, permissions) is one StoreError line with the store as it was. Every
@@ -30,6 +30,7 @@ from ..methods.freeze.snapshot import BaseSnapshot
 from ..core.errors import AdapterError, AttnftError, StoreError
 from ..core.files import ADAPTER_FOLDER, PathLike, io_error, nearest_existing, pid_alive, remove_directory_atomically, remove_entry, write_directory_atomically
 from ..methods.record import AdapterRecord
+from .names import check_name, is_valid_name
 from ..methods import METHODS, AdapterSummary, Method, method_of
 from ..core.hub import hub_errors
 from ..methods.freeze.policy import PolicyReport
@@ -40,8 +41,6 @@ if TYPE_CHECKING:
     from ..methods.peft.sidecar import PeftAdapterInfo
     from ..methods.peft.model import PeftReport
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-MAX_NAME_LENGTH = 128
 STORE_ENV = "ATTNFT_STORE"
 DEFAULT_STORE = "adapters"
 # A hidden entry is cleared automatically only if its writer's pid is dead here AND nothing in it
@@ -54,21 +53,6 @@ _HIDDEN_ENTRY = re.compile(r"\.(?:tmp|del)-.+-(\d+)-[A-Za-z0-9_]+")
 def default_store_root() -> Path:
     """``$ATTNFT_STORE`` or ``./adapters``."""
     return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
-
-
-def is_valid_name(name) -> bool:
-    """Whether ``name`` is an adapter name: one folder directly in the store, never a path out of it."""
-    return isinstance(name, str) and bool(NAME_PATTERN.fullmatch(name)) and ".." not in name and len(name) <= MAX_NAME_LENGTH
-
-
-def check_name(name: str) -> str:
-    """``name`` if it is a valid adapter name, else StoreError."""
-    if not is_valid_name(name):
-        raise StoreError(
-            f"invalid adapter name {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit, "
-            f"no '..', at most {MAX_NAME_LENGTH} characters"
-        )
-    return name
 
 
 class AdapterStore:

@@ -24,7 +24,7 @@ from ..core.errors import AttnftError, ConfigError
 from ..core.files import remove_entry, write_text_atomically
 from ..core.lifetime import child_env
 from ..training.config import FinetuneConfig
-from ..training.run_folder import METRICS_FILE, RESULT_FILE, is_run_folder
+from ..training.run_folder import METRICS_FILE, RESULT_FILE, RunLock, is_run_folder
 from .study import NOT_LEARNED, Settings, settings_of
 
 MEASURED_FILE = "compare_run.json"  # beside result.json: what the comparison measured of the run
@@ -70,6 +70,7 @@ def run_final(ft: FinetuneConfig, policy: str, settings: Settings, seed: int, ru
     if is_finished(run_dir) and same_recipe(run_dir, cfg):
         return FinalRun(**json.loads(measured.read_text()))
     if run_dir.exists() and (is_run_folder(run_dir) or not any(run_dir.iterdir())):
+        RunLock.check_free(run_dir)  # a run still running (its comparison's lock taken over) is never removed
         remove_entry(run_dir)  # a run of ours killed before it ended, or of other settings: run it from the start
     recipe.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(recipe, yaml.safe_dump(cfg.to_dict(), sort_keys=False), f"the recipe of {run_dir.name}")

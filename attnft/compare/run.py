@@ -22,19 +22,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..adapters.names import fit_name
 from ..adapters.store import AdapterStore
 from ..core.errors import ConfigError
 from ..core.files import check_outside_attnft_folders, check_outside_store, write_text_atomically
 from ..training.config import FinetuneConfig
+from ..training.run_folder import RunLock
 from ..training.step_clock import progress_bar
 from ..methods import parse_method
 from . import study as search
-from .config import CompareConfig
+from .config import MAX_SEEDS, CompareConfig
 from .final import final_config, is_finished, run_final, same_recipe
 from .report import final_line, policy_row, write_report
 
 MARKER = "compare_config.json"  # what makes a folder a comparison's, and of which task
 MARKER_FORMAT = "attnft-compare"
+
+
+class CompareLock(RunLock):
+    """The comparison that runs a folder's final runs and writes its report owns the folder: ``compare.lock`` holds
+    its pid and host, from before the folder is written until it ends. A second comparison of the folder is refused
+    in one line naming the process; a ``--search-only`` worker takes no lock and shares the study's trials."""
+
+    FILE = "compare.lock"
+    HOLDER = "another comparison"
+    ELSE = "run this one with --search-only to share its trials, or pass another --output-dir"
 
 
 def task_label(ft: FinetuneConfig) -> str:
@@ -66,6 +78,12 @@ class Plan:
 def compare(cfg: CompareConfig, ft: FinetuneConfig, command: str = "") -> Optional[dict]:
     """Run the comparison; the report (None with ``--search-only``, which only runs trials)."""
     plan = check_compare(cfg, ft)  # everything a user can get wrong, before anything is written
+    with contextlib.nullcontext() if cfg.search_only else CompareLock(plan.folder):  # this process runs the finals
+        return _compare(plan, command)
+
+
+def _compare(plan: Plan, command: str) -> Optional[dict]:
+    cfg, ft = plan.cfg, plan.ft
     start_folder(plan)
     total = (cfg.search or 0) * len(cfg.policy_list) + (0 if cfg.search_only else cfg.seeds * len(cfg.policy_list))
     progress = progress_bar(total, 0, ft.progress)
@@ -97,13 +115,16 @@ def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
     store = AdapterStore(ft.store)
     policies = cfg.policy_list
     plan = Plan(cfg=cfg, ft=ft, task=task, folder=folder, store=store,
-                names={p: f"compare-{task}-{slug(p)}"[:128] for p in policies},
+                names={p: fit_name(["compare", task, slug(p)], shorten=1, room=len(f"-seed{MAX_SEEDS - 1}"))
+                       for p in policies},
                 ident={p: search.identity(ft, p, cfg.holdout) for p in policies},
                 study_base=cfg.study or f"attnft-compare-{task}")
     if importlib.util.find_spec("matplotlib") is None:  # compare.png, at the end: say it before any run
         raise ConfigError("attnft compare needs matplotlib for its picture: pip install 'attnft[compare]'")
     check_outside_attnft_folders(folder, "--output-dir")
     check_outside_store(folder, "--output-dir", store.root)
+    if not cfg.search_only:
+        CompareLock.check_free(folder)
     _check_compare_folder(folder, plan.ident[policies[0]])
     if cfg.search is not None:
         search.require_optuna()
@@ -237,7 +258,7 @@ def _check_compare_folder(folder: Path, ident: dict) -> None:
         raise ConfigError(f"--output-dir {folder} is a file, not a folder")
     marker = folder / MARKER
     if not marker.is_file():
-        if any(folder.iterdir()):
+        if any(p.name != CompareLock.FILE for p in folder.iterdir()):  # the lock alone: a comparison starting
             raise ConfigError(f"--output-dir {folder} is not a compare folder (it holds other files and no {MARKER}): "
                               "pass a new or empty folder")
         return

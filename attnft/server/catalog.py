@@ -18,7 +18,7 @@ from typing import Callable, Optional
 from ..core.errors import AttnftError, ConfigError, StoreError
 from ..core.files import CONFIG_FILE, WEIGHTS_FILE
 from ..methods import METHODS, method_of
-from ..adapters.store import check_name, is_valid_name
+from ..adapters.names import check_name, is_valid_name
 
 Signature = tuple  # (inode, mtime_ns, size) of the folder, its config and its weights
 

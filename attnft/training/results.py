@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .config import FinetuneConfig
+from ..adapters.names import fit_name
 from ..core.errors import StoreError
 from ..data import takes_inat_category
 from .evaluate import EvalResult
@@ -66,8 +67,8 @@ def format_result(result: FinetuneResult) -> str:
 def default_adapter_name(model: str, policy: str, dataset: str, res: int) -> str:
     """``MODEL-POLICY-DATASET-RES`` in the store's name characters, e.g. ``vit_small_patch16_224-attn-cars-384``."""
     model = model.split(":", 1)[-1].rstrip("/").rsplit("/", 1)[-1]  # hf-hub:org/repo, local-dir:/a/b
-    parts = (_slug(model), _policy_slug(policy), _slug(dataset), str(res))
-    return re.sub(r"\.{2,}", ".", "-".join(parts))[:128]
+    parts = [re.sub(r"\.{2,}", ".", part) for part in (_slug(model), _policy_slug(policy), _slug(dataset), str(res))]
+    return fit_name(parts, shorten=2)  # a long dataset name is cut, and a hash keeps policies apart
 
 
 def _policy_slug(spec: str) -> str:

@@ -138,20 +138,25 @@ class RunLock:
     """A run owns its output dir: ``attnft.lock`` there holds the pid and host of the run, created
     with O_EXCL once the checks passed and removed when the run ends, however it ends. A second run
     on the same folder is refused; a lock whose process is dead (SIGKILL, a crash) is taken over.
-    Under DDP the main process alone holds it."""
+    Under DDP the main process alone holds it. A subclass names another lock file, what holds it and what else the
+    user can do (:class:`attnft.compare.run.CompareLock`)."""
+
+    FILE = LOCK_FILE
+    HOLDER = "another run"
+    ELSE = "or pass another --output-dir"
 
     def __init__(self, output_dir: Path, accelerator=None):
         self.output_dir = Path(output_dir)
-        self.path = self.output_dir / LOCK_FILE
+        self.path = self.output_dir / self.FILE
         self.accelerator = accelerator
         self.held = False
 
     @classmethod
     def check_free(cls, output_dir: Path) -> None:
         """ConfigError if another live run holds ``output_dir``; writes nothing."""
-        owner = _lock_owner(Path(output_dir) / LOCK_FILE)
+        owner = _lock_owner(Path(output_dir) / cls.FILE)
         if owner is not None:
-            raise ConfigError(_in_use(Path(output_dir), owner))
+            raise ConfigError(cls._in_use(Path(output_dir), owner))
 
     def __enter__(self) -> "RunLock":
         if self.accelerator is None:
@@ -172,7 +177,7 @@ class RunLock:
                 except FileExistsError:
                     owner = _lock_owner(self.path)
                     if owner is not None:
-                        raise ConfigError(_in_use(self.output_dir, owner)) from None
+                        raise ConfigError(self._in_use(self.output_dir, owner)) from None
                     remove_entry(self.path)  # stale: its run is gone
                     continue
                 with os.fdopen(fd, "w") as f:
@@ -180,13 +185,20 @@ class RunLock:
                 self.held = True
                 return
         except OSError as e:
-            raise io_error(e, f"taking the output dir {self.output_dir} (its {LOCK_FILE})") from None
-        raise ConfigError(f"{self.output_dir}: another run keeps taking its {LOCK_FILE}; pass another --output-dir")
+            raise io_error(e, f"taking the output dir {self.output_dir} (its {self.FILE})") from None
+        raise ConfigError(f"{self.output_dir}: {self.HOLDER} keeps taking its {self.FILE}; pass another --output-dir")
 
     def release(self) -> None:
         if self.held:
             self.held = False
             remove_entry(self.path)
+
+    @classmethod
+    def _in_use(cls, output_dir: Path, owner: tuple[int, str]) -> str:
+        pid, host = owner
+        who = f"pid {pid}" + ("" if host == socket.gethostname() else f" on {host}")
+        return (f"{output_dir} is in use by {cls.HOLDER} ({who}, see {output_dir / cls.FILE}): wait for it to end, "
+                f"{cls.ELSE}")
 
 
 def _lock_owner(path: Path) -> Optional[tuple[int, str]]:
@@ -213,11 +225,6 @@ def _lock_owner(path: Path) -> Optional[tuple[int, str]]:
     return (pid, host) if pid_alive(pid) else None
 
 
-def _in_use(output_dir: Path, owner: tuple[int, str]) -> str:
-    pid, host = owner
-    who = f"pid {pid}" + ("" if host == socket.gethostname() else f" on {host}")
-    return (f"{output_dir} is in use by another run ({who}, see {output_dir / LOCK_FILE}): wait for it to end, "
-            "or pass another --output-dir")
 
 
 # --- metrics ---------------------------------------------------------------------------------
