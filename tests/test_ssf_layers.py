@@ -113,7 +113,7 @@ def test_a_training_step_reaches_the_scales_and_shifts_and_nothing_else():
 
 
 @pytest.mark.parametrize("family", ["vit", "deit3", "deit_distilled", "parallel", "vit_qknorm_reg"])
-def test_merge_folds_into_a_plain_timm_model_with_the_same_logits(family):
+def test_merge_folds_into_a_plain_timm_model_with_the_same_logits(family, tmp_path):
     torch.manual_seed(3)
     name, kwargs = TINY_MODELS[family]
     model = tiny_model(family).eval()
@@ -124,9 +124,9 @@ def test_merge_folds_into_a_plain_timm_model_with_the_same_logits(family):
     x = tiny_input(model, batch=3)
     adapted = model(x)
     ssf.merge(model)
-    state = copy.deepcopy(model.state_dict())
+    torch.save(model.state_dict(), tmp_path / "merged.pt")
     fresh = timm.create_model(name, pretrained=False, **kwargs).eval()
-    fresh.load_state_dict(state, strict=True)
+    fresh.load_state_dict(torch.load(tmp_path / "merged.pt"), strict=True)
     assert torch.allclose(fresh(x), adapted, atol=1e-5)
     assert torch.allclose(model(x), adapted, atol=1e-5)
 

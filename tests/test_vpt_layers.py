@@ -103,7 +103,7 @@ def test_distilled_deit_puts_the_prompts_after_both_the_class_and_distillation_t
     assert torch.allclose(model(x), by_hand(plain, model.vpt_prompts[0].detach(), x), atol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["deit3", "parallel", "parallel_scaling", "vit_qknorm_reg"])
+@pytest.mark.parametrize("family", ["deit3", "parallel", "parallel_scaling", "vit_qknorm_reg", "vit_attn_pool"])
 def test_other_vision_transformers_take_the_prompts_as_the_authors_do(family):
     model = tiny_model(family).eval()
     plain = copy.deepcopy(model)

@@ -114,7 +114,7 @@ def _prompts(model: nn.Module, dropout: float, layer: int, x: torch.Tensor) -> t
 
 
 def _insert(model: nn.Module, dropout: float, norm_pre: nn.Module, args: tuple, x: torch.Tensor) -> torch.Tensor:
-    """Forward hook on ``norm_pre``: ``[B, P + N, D]`` -> ``[B, P + n + N, D]``, the prompts after the P prefix tokens."""
+    """Forward hook on ``norm_pre``: ``[B, P + N, D]`` -> ``[B, P + n + N, D]``, prompts after the P prefix tokens."""
     prefix = model.num_prefix_tokens
     return torch.cat((x[:, :prefix], _prompts(model, dropout, 0, x), x[:, prefix:]), dim=1)
 
