@@ -204,3 +204,33 @@ def test_threads_sharing_one_model_each_get_their_own_bottleneck_outputs():
         with ThreadPoolExecutor(4) as pool:
             together = list(pool.map(model, inputs))
     assert all(torch.equal(a, b) for a, b in zip(alone, together))
+
+
+def tiny_transformers(distilled=False):
+    import transformers
+
+    kwargs = {"image_size": 32, "patch_size": 8, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "intermediate_size": 64, "num_labels": 5}
+    if distilled:
+        return transformers.DeiTForImageClassificationWithTeacher(transformers.DeiTConfig(**kwargs)).eval()
+    return transformers.ViTForImageClassification(transformers.ViTConfig(**kwargs)).eval()
+
+
+@pytest.mark.parametrize("distilled", [False, True], ids=["vit", "deit-distilled"])
+def test_transformers_layers_take_the_bottleneck_on_layernorm_after_beside_the_mlp(distilled):
+    model = tiny_transformers(distilled)
+    plain = copy.deepcopy(model)
+    x = torch.randn(2, 3, 32, 32)
+    keys, logits = list(model.state_dict()), model(x).logits
+    names = adaptformer.add(model, adaptformer.Options(dim=4))
+    assert torch.equal(model(x).logits, logits)  # up is zero
+    assert all(any(part.startswith(adaptformer.PREFIX) for part in name.split(".")) for name in names)
+    randomize(model, names)
+    layer = (model.deit if distilled else model.vit).layers[0]
+    reference, tokens = (plain.deit if distilled else plain.vit).layers[0], torch.randn(2, 7, 32)
+    with torch.no_grad():
+        mid = tokens + reference.attention(reference.layernorm_before(tokens))[0]
+        expected = reference(tokens) + layer.adaptformer_adapter(reference.layernorm_after(mid))
+        assert torch.allclose(layer(tokens), expected, atol=1e-5)
+    adaptformer.remove(model)
+    assert list(model.state_dict()) == keys and torch.equal(model(x).logits, logits)

@@ -164,3 +164,49 @@ def test_check_model_refuses_a_swin_naming_the_supported_family():
     with pytest.raises(ConfigError, match="VisionTransformer family") as refused:
         ssf.check_model(tiny_model("swin"))
     assert "\n" not in str(refused.value)
+
+
+def tiny_transformers(distilled=False):
+    import transformers
+
+    kwargs = {"image_size": 32, "patch_size": 8, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "intermediate_size": 64, "num_labels": 5}
+    if distilled:
+        return transformers.DeiTForImageClassificationWithTeacher(transformers.DeiTConfig(**kwargs)).eval()
+    return transformers.ViTForImageClassification(transformers.ViTConfig(**kwargs)).eval()
+
+
+@pytest.mark.parametrize("distilled", [False, True], ids=["vit", "deit-distilled"])
+def test_transformers_vit_and_deit_merge_into_a_plain_model_of_their_class(distilled, tmp_path):
+    model = tiny_transformers(distilled)
+    keys = set(model.state_dict())
+    names = ssf.add(model)
+    assert set(model.state_dict()) - keys == set(names)
+    assert {name.rsplit(".", 2)[1] for name in names} >= {"projection", "q_proj", "k_proj", "v_proj", "o_proj", "fc1",
+                                                          "fc2", "layernorm_before", "layernorm_after", "layernorm"}
+    with torch.no_grad():
+        for name in names:
+            model.get_parameter(name).add_(0.1 * torch.randn_like(model.get_parameter(name)))
+    x = torch.randn(3, 3, 32, 32)
+    adapted = model(x).logits
+    ssf.merge(model)
+    torch.save(model.state_dict(), tmp_path / "merged.pt")
+    fresh = type(model)(model.config).eval()
+    fresh.load_state_dict(torch.load(tmp_path / "merged.pt"), strict=True)
+    assert torch.allclose(fresh(x).logits, adapted, atol=1e-5)
+
+
+def test_transformers_vit_serves_a_mixed_batch_as_its_single_task_models():
+    base = tiny_transformers()
+    single = copy.deepcopy(base)
+    ssf.add(single)
+    served = copy.deepcopy(base)
+    names = ssf.add(served, tasks=2)
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        for name in names:
+            served.get_parameter(name)[1] = single.get_parameter(name)[0]
+        with task_rows({ssf.FAMILY: torch.tensor([0, 1, 1, 0])}):
+            mixed = served(x).logits
+        assert torch.allclose(mixed[[1, 2]], single(x[[1, 2]]).logits, atol=1e-5)
+        assert torch.allclose(mixed[[0, 3]], base(x[[0, 3]]).logits, atol=1e-5)

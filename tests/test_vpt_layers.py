@@ -194,3 +194,41 @@ def test_check_model_refuses_a_swin_naming_the_supported_family():
     with pytest.raises(ConfigError, match="VisionTransformer family") as refused:
         vpt.check_model(tiny_model("swin"))
     assert "\n" not in str(refused.value)
+
+
+def tiny_transformers(distilled=False):
+    import transformers
+
+    kwargs = {"image_size": 32, "patch_size": 8, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2,
+              "intermediate_size": 64, "num_labels": 5}
+    if distilled:
+        return transformers.DeiTForImageClassificationWithTeacher(transformers.DeiTConfig(**kwargs)).eval()
+    return transformers.ViTForImageClassification(transformers.ViTConfig(**kwargs)).eval()
+
+
+@pytest.mark.parametrize("deep", [True, False])
+@pytest.mark.parametrize("distilled", [False, True], ids=["vit", "deit-distilled"])
+def test_transformers_vit_and_deit_take_the_prompts_after_their_prefix_tokens(distilled, deep):
+    model = tiny_transformers(distilled)
+    plain = copy.deepcopy(model)
+    keys = list(model.state_dict())
+    assert vpt.add(model, vpt.Options(tokens=3, deep=deep)) == ["vpt_prompts"]
+    assert model.vpt_prompts.shape == (1, 3 if deep else 1, 3, 32)
+    x = torch.randn(2, 3, 32, 32)
+    backbone, prefix = (plain.deit, 2) if distilled else (plain.vit, 1)  # DeiT: class and distillation tokens
+    prompts = model.vpt_prompts[0].detach()
+    with torch.no_grad():
+        tokens = backbone.embeddings(x)
+        for i, layer in enumerate(backbone.layers):
+            if i == 0 or deep:
+                start = prefix + (3 if i else 0)
+                tokens = torch.cat((tokens[:, :prefix], prompts[i].expand(2, -1, -1), tokens[:, start:]), dim=1)
+            tokens = layer(tokens)
+        tokens = backbone.layernorm(torch.cat((tokens[:, :prefix], tokens[:, prefix + 3:]), dim=1))
+        if distilled:
+            expected = (plain.cls_classifier(tokens[:, 0]) + plain.distillation_classifier(tokens[:, 1])) / 2
+        else:
+            expected = plain.classifier(tokens[:, 0])
+        assert torch.allclose(model(x).logits, expected, atol=1e-5)
+    vpt.remove(model)
+    assert list(model.state_dict()) == keys and torch.equal(model(x).logits, plain(x).logits)

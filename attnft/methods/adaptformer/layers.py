@@ -1,4 +1,5 @@
-"""AdaptFormer's computing layers on timm's VisionTransformer: a bottleneck beside each block's FFN, by hooks.
+"""AdaptFormer's computing layers on timm's VisionTransformer (and transformers' ViT / DeiT): a bottleneck beside
+each block's FFN, by hooks.
 
 Per block, with ``h = norm2(x)`` the FFN's own normalised input::
 
@@ -10,7 +11,8 @@ output. The authors' code (ShoufaChen/AdaptFormer, models/custom_modules.py with
 added outside the FFN's drop path; it is outside DeiT III's layer scale ``ls2`` too (the authors' blocks have none),
 so a layer scale of 1e-5 does not mute it. Parallel blocks: a ``ParallelScalingBlock`` takes the bottleneck on its
 shared ``in_norm`` output, added to the block's output; a ``ParallelThingsBlock`` one per FFN branch, on the branch's
-``norm`` output, added to the branch's output (after its ``ls`` and ``drop_path``).
+``norm`` output, added to the branch's output (after its ``ls`` and ``drop_path``). transformers' ViT / DeiT layers:
+on ``layernorm_after``'s output, added to the layer's output (after its dropout and residual).
 
 Init as the authors' ``init_option="lora"``: ``down`` kaiming-uniform (a = sqrt(5), as ``nn.Linear``), its bias and
 all of ``up`` zero, so a fresh adapter leaves the logits exactly the base's. The authors' bottleneck dropout is 0.1;
@@ -23,6 +25,7 @@ forward hook of the block (or branch) adds it. Every tensor is stacked per task 
 from __future__ import annotations
 
 import math
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -45,7 +48,8 @@ ADAPTER = PREFIX + "adapter"  # the module on a block
 ADAPTERS = PREFIX + "adapters"  # a ParallelThingsBlock's, one per FFN branch
 _HOOKS = PREFIX + "hooks"  # a plain attribute (no tensor) on each hooked module: its hook handles
 
-SUPPORTED = "timm's VisionTransformer family (ViT, DeiT, DeiT III, distilled DeiT, register tokens, parallel blocks)"
+SUPPORTED = ("timm's VisionTransformer family (ViT, DeiT, DeiT III, distilled DeiT, register tokens, parallel blocks) "
+             "and transformers' ViT / DeiT image classifiers")
 _BLOCKS = (Block, ParallelScalingBlock, ParallelThingsBlock)
 
 
@@ -109,10 +113,34 @@ class Bottleneck(nn.Module):
         return out + self._kept.pop(threading.get_ident())
 
 
+def transformers_backbone(model: nn.Module) -> nn.Module | None:
+    """The ``ViTModel`` / ``DeiTModel`` of a transformers ViT or DeiT image classifier, else None."""
+    if "transformers" not in sys.modules:  # a transformers model has imported it; a timm one need not wait for it
+        return None
+    from transformers import (
+        DeiTForImageClassification,
+        DeiTForImageClassificationWithTeacher,
+        ViTForImageClassification,
+    )
+
+    if isinstance(model, ViTForImageClassification):
+        return model.vit
+    if isinstance(model, (DeiTForImageClassification, DeiTForImageClassificationWithTeacher)):
+        return model.deit
+    return None
+
+
 def check_model(model: nn.Module) -> None:
     """Raises:
-        ConfigError: ``model`` is not a timm VisionTransformer whose blocks all have an FFN AdaptFormer knows.
+        ConfigError: ``model`` is not a timm VisionTransformer whose blocks all have an FFN AdaptFormer knows, nor a
+            transformers ViT / DeiT image classifier.
     """
+    backbone = transformers_backbone(model)
+    if backbone is not None:
+        if not isinstance(getattr(backbone, "layers", None), nn.ModuleList):
+            raise ConfigError(f"adaptformer supports transformers' ViT / DeiT with their layers in .layers "
+                              f"(transformers 5); this {type(model).__name__} has none")
+        return
     if not isinstance(model, VisionTransformer):
         raise ConfigError(f"adaptformer supports {SUPPORTED}, not {type(model).__name__}")
     other = sorted({type(block).__name__ for block in model.blocks if not isinstance(block, _BLOCKS)})
@@ -126,14 +154,17 @@ def _sites(block: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
         return [(ffn.norm, ffn) for ffn in block.ffns]
     if isinstance(block, ParallelScalingBlock):
         return [(block.in_norm, block)]
-    return [(block.norm2, block)]
+    if isinstance(block, Block):
+        return [(block.norm2, block)]
+    return [(block.layernorm_after, block)]  # a transformers ViT / DeiT layer
 
 
 def add(model: nn.Module, options: Options = Options(), tasks: int = 1) -> list[str]:
     """Installs a :class:`Bottleneck` beside every FFN of ``model``.
 
     Args:
-        model: a timm VisionTransformer (see :func:`check_model`); its own parameters are left as they are.
+        model: a timm VisionTransformer or transformers ViT / DeiT (see :func:`check_model`); its own parameters
+            are left as they are.
         options: the bottleneck's width, scale and dropout.
         tasks: rows per tensor. Every row: ``down`` kaiming-uniform, the rest zero (the authors' training init;
             ``up`` zero makes each row the identity until trained or filled by a multi-task server).
@@ -147,12 +178,15 @@ def add(model: nn.Module, options: Options = Options(), tasks: int = 1) -> list[
         raise ConfigError(f"adaptformer: tasks must be a positive integer, not {tasks!r}")
     if any(isinstance(module, Bottleneck) for module in model.modules()):
         raise ConfigError("adaptformer is already added to this model")
-    reference = model.patch_embed.proj.weight
+    backbone = transformers_backbone(model)
+    blocks = model.blocks if backbone is None else backbone.layers
+    dim = model.embed_dim if backbone is None else backbone.config.hidden_size
+    reference = next(model.parameters())
     added = []
-    for block in model.blocks:
+    for block in blocks:
         adapters = []
         for norm, output in _sites(block):
-            adapter = Bottleneck(model.embed_dim, options.dim, options.scale, options.dropout, tasks, reference)
+            adapter = Bottleneck(dim, options.dim, options.scale, options.dropout, tasks, reference)
             _keep_handle(norm, norm.register_forward_hook(adapter.keep))
             _keep_handle(output, output.register_forward_hook(adapter.add_kept))
             adapters.append(adapter)
@@ -174,7 +208,7 @@ def remove(model: nn.Module) -> None:
     for module in model.modules():
         for handle in module.__dict__.pop(_HOOKS, ()):
             handle.remove()
-    for block in model.blocks:
+    for block in list(model.modules()):
         for name in (ADAPTER, ADAPTERS):
             if hasattr(block, name):
                 delattr(block, name)

@@ -1,4 +1,5 @@
-"""SSF's computing layers on timm's VisionTransformer: ``out * scale + shift`` after chosen modules, by forward hooks.
+"""SSF's computing layers on timm's VisionTransformer (and transformers' ViT / DeiT): ``out * scale + shift`` after
+chosen modules, by forward hooks.
 
 As the authors' code (dongzelian/SSF, models/vision_transformer.py: ``init_ssf_scale_shift``, ``ssf_ada``), SSF
 follows the patch embedding's projection (and its norm if any), every linear of each block (``attn.qkv``,
@@ -6,12 +7,15 @@ follows the patch embedding's projection (and its norm if any), every linear of 
 each block (``norm1``, ``norm2``, qk-norms where the model has them) and the norms around the blocks (``norm_pre``,
 ``norm``, ``fc_norm``, whichever are norms, not Identity). Unlike the authors' wrapped modules, the parameters are
 registered on the followed module itself (``blocks.0.attn.qkv.ssf_scale``), so the base's names do not change.
+transformers' ViT / DeiT image classifiers likewise: the patch projection, every linear and LayerNorm of each layer
+(``q_proj`` ... ``mlp.fc2``, ``layernorm_before`` / ``_after``) and the final ``layernorm``.
 
 Each scale / shift is ``[T, C]``: one row per task (see :mod:`attnft.methods.rows`); a forward picks the batch's rows.
-:func:`merge` folds a single task into the layer before each pair, leaving a plain timm model.
+:func:`merge` folds a single task into the layer before each pair, leaving a plain model.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +39,7 @@ SHIFT = PREFIX + "shift"
 _HOOKS = PREFIX + "hooks"  # a plain attribute (no tensor) on each hooked module: its hook handles
 
 SUPPORTED = ("timm's VisionTransformer family (ViT, DeiT, DeiT III, distilled DeiT, register tokens, "
-             "ResPost and parallel blocks)")
+             "ResPost and parallel blocks) and transformers' ViT / DeiT image classifiers")
 _BLOCKS = (Block, ResPostBlock, ParallelScalingBlock, ParallelThingsBlock)
 _NORMS = (nn.LayerNorm, nn.RMSNorm, RmsNorm, SimpleNorm)  # timm's LayerNorm subclasses nn.LayerNorm
 
@@ -45,11 +49,34 @@ class Options:
     """SSF has no options: it follows every module named in the module docstring."""
 
 
+def transformers_backbone(model: nn.Module) -> nn.Module | None:
+    """The ``ViTModel`` / ``DeiTModel`` of a transformers ViT or DeiT image classifier, else None."""
+    if "transformers" not in sys.modules:  # a transformers model has imported it; a timm one need not wait for it
+        return None
+    from transformers import (
+        DeiTForImageClassification,
+        DeiTForImageClassificationWithTeacher,
+        ViTForImageClassification,
+    )
+
+    if isinstance(model, ViTForImageClassification):
+        return model.vit
+    if isinstance(model, (DeiTForImageClassification, DeiTForImageClassificationWithTeacher)):
+        return model.deit
+    return None
+
+
 def check_model(model: nn.Module) -> None:
     """Raises:
         ConfigError: ``model`` is not a timm VisionTransformer with a convolutional patch projection and blocks
-            SSF knows.
+            SSF knows, nor a transformers ViT / DeiT image classifier.
     """
+    backbone = transformers_backbone(model)
+    if backbone is not None:
+        if not isinstance(getattr(backbone, "layers", None), nn.ModuleList):
+            raise ConfigError(f"ssf supports transformers' ViT / DeiT with their layers in .layers (transformers 5); "
+                              f"this {type(model).__name__} has none")
+        return
     if not isinstance(model, VisionTransformer):
         raise ConfigError(f"ssf supports {SUPPORTED}, not {type(model).__name__}")
     if not isinstance(getattr(model.patch_embed, "proj", None), nn.Conv2d):
@@ -61,8 +88,12 @@ def check_model(model: nn.Module) -> None:
 
 
 def targets(model: nn.Module) -> list[nn.Module]:
-    """The modules SSF follows, in forward order (each once)."""
-    around = [model.patch_embed.proj, model.patch_embed.norm, model.norm_pre]
+    """The modules SSF follows (each once), by block."""
+    backbone = transformers_backbone(model)
+    if backbone is not None:
+        inside = [module for layer in backbone.layers for module in layer.modules() if _followed(module)]
+        return [backbone.embeddings.patch_embeddings.projection] + inside + [backbone.layernorm]
+    around = [model.patch_embed.proj, getattr(model.patch_embed, "norm", None), model.norm_pre]
     inside = [module for block in model.blocks for module in block.modules() if _followed(module)]
     found = [m for m in around if _followed(m)] + inside + [m for m in (model.norm, model.fc_norm) if _followed(m)]
     return list(dict.fromkeys(found))
@@ -85,7 +116,8 @@ def add(model: nn.Module, options: Options = Options(), tasks: int = 1) -> list[
     """Installs a scale and shift ``[tasks, C]`` on every module of :func:`targets` and the hook that applies them.
 
     Args:
-        model: a timm VisionTransformer (see :func:`check_model`); its own parameters are left as they are.
+        model: a timm VisionTransformer or transformers ViT / DeiT (see :func:`check_model`); its own parameters
+            are left as they are.
         options: SSF's (empty) options.
         tasks: rows per tensor. 1: the authors' training init, scale ~ N(1, 0.02) and shift ~ N(0, 0.02);
             more (a multi-task server fills the rows): every row the identity, scale 1 and shift 0.
@@ -98,9 +130,10 @@ def add(model: nn.Module, options: Options = Options(), tasks: int = 1) -> list[
         raise ConfigError(f"ssf: tasks must be a positive integer, not {tasks!r}")
     if any(hasattr(module, SCALE) for module in model.modules()):
         raise ConfigError("ssf is already added to this model")
-    reference = model.patch_embed.proj.weight
+    followed = targets(model)
+    reference = followed[0].weight  # the patch projection's
     added = []
-    for module in targets(model):
+    for module in followed:
         scale = torch.ones(tasks, _channels(module), device=reference.device, dtype=reference.dtype)
         shift = torch.zeros_like(scale)
         if tasks == 1:
@@ -139,7 +172,7 @@ def merge(model: nn.Module) -> None:
     """Folds every SSF scale ``s`` and shift ``t`` (one task) into the module before it, then :func:`remove`.
 
     Linear / Conv2d: ``W' = s * W`` per output channel, ``b' = s * b + t``; norm: ``w' = s * w``, ``b' = s * b + t``.
-    Afterwards ``model``'s state dict is a plain timm model's, with the same outputs.
+    Afterwards ``model``'s state dict is a plain model's (timm's or transformers'), with the same outputs.
 
     Raises:
         ConfigError: the tensors hold several tasks, or a followed module has no bias (or no weight) to take the

@@ -1,4 +1,4 @@
-"""VPT's computing layers on timm's VisionTransformer: learned prompt tokens in the token sequence, by hooks.
+"""VPT's computing layers on timm's VisionTransformer (and transformers' ViT / DeiT): learned prompt tokens, by hooks.
 
 As the authors' code (KMnP/vpt, src/models/vit_prompt/vit.py, ``PromptedTransformer``), ``n`` prompts sit right
 after the prefix tokens (class, register and distillation tokens: ``model.num_prefix_tokens``), before the patch
@@ -18,12 +18,17 @@ row per task (see :mod:`attnft.methods.rows`). The first prompts are inserted by
 outside the blocks, so timm's gradient checkpointing (``checkpoint_seq``, re-entrant or not) still trains them.
 Not supported: attention masks passed to the blocks, and ``forward_intermediates`` (its block outputs hold the
 prompts).
+
+transformers' ViT / DeiT image classifiers likewise: the prompts enter at the embeddings' output (after the class and,
+for DeiT, distillation token) and leave after the last layer, before the final ``layernorm``.
 """
 from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +43,8 @@ PREFIX = "vpt_"
 PROMPTS = PREFIX + "prompts"  # the parameter on the model's root
 _HOOKS = PREFIX + "hooks"  # a plain attribute (no tensor) on each hooked module: its hook handles
 
-SUPPORTED = "timm's VisionTransformer family (ViT, DeiT, DeiT III, distilled DeiT, register tokens, parallel blocks)"
+SUPPORTED = ("timm's VisionTransformer family (ViT, DeiT, DeiT III, distilled DeiT, register tokens, parallel blocks) "
+             "and transformers' ViT / DeiT image classifiers")
 
 
 @dataclass(frozen=True)
@@ -60,13 +66,56 @@ class Options:
             raise ConfigError(f"vpt: dropout must be in [0, 1), not {self.dropout!r}")
 
 
+class _Sequence(NamedTuple):
+    """Where the prompts go in a model's token sequence."""
+
+    entry: nn.Module  # its forward output is the sequence block 0 reads: [B, P + N, D]
+    blocks: nn.ModuleList  # or nn.Sequential
+    prefix: int  # P: class, register and distillation tokens
+    dim: int  # D
+    patch: int  # pixels per patch (h * w), for the init
+
+
+def transformers_backbone(model: nn.Module) -> nn.Module | None:
+    """The ``ViTModel`` / ``DeiTModel`` of a transformers ViT or DeiT image classifier, else None."""
+    if "transformers" not in sys.modules:  # a transformers model has imported it; a timm one need not wait for it
+        return None
+    from transformers import (
+        DeiTForImageClassification,
+        DeiTForImageClassificationWithTeacher,
+        ViTForImageClassification,
+    )
+
+    if isinstance(model, ViTForImageClassification):
+        return model.vit
+    if isinstance(model, (DeiTForImageClassification, DeiTForImageClassificationWithTeacher)):
+        return model.deit
+    return None
+
+
+def _sequence(model: nn.Module) -> _Sequence:
+    backbone = transformers_backbone(model)
+    if backbone is None:
+        return _Sequence(model.norm_pre, model.blocks, model.num_prefix_tokens, model.embed_dim,
+                         math.prod(model.patch_embed.patch_size))
+    config, embeddings = backbone.config, backbone.embeddings
+    patch = config.patch_size if isinstance(config.patch_size, (tuple, list)) else (config.patch_size,) * 2
+    prefix = 1 + (getattr(embeddings, "distillation_token", None) is not None)
+    return _Sequence(embeddings, backbone.layers, prefix, config.hidden_size, math.prod(patch))
+
+
 def check_model(model: nn.Module) -> None:
     """Raises:
-        ConfigError: ``model`` is not a timm VisionTransformer.
+        ConfigError: ``model`` is neither a timm VisionTransformer nor a transformers ViT / DeiT image classifier.
     """
-    if not isinstance(model, VisionTransformer):
+    backbone = transformers_backbone(model)
+    if backbone is not None:
+        if not isinstance(getattr(backbone, "layers", None), nn.ModuleList):
+            raise ConfigError(f"vpt supports transformers' ViT / DeiT with their layers in .layers (transformers 5); "
+                              f"this {type(model).__name__} has none")
+    elif not isinstance(model, VisionTransformer):
         raise ConfigError(f"vpt supports {SUPPORTED}, not {type(model).__name__}")
-    if len(model.blocks) == 0:
+    if len(_sequence(model).blocks) == 0:
         raise ConfigError("vpt needs a model with at least one block")
 
 
@@ -74,7 +123,8 @@ def add(model: nn.Module, options: Options = Options(), tasks: int = 1) -> list[
     """Installs ``vpt_prompts`` ``[tasks, L, n, D]`` on ``model`` and the hooks that put them in the sequence.
 
     Args:
-        model: a timm VisionTransformer (see :func:`check_model`); its own parameters are left as they are.
+        model: a timm VisionTransformer or transformers ViT / DeiT (see :func:`check_model`); its own parameters
+            are left as they are.
         options: the prompts per layer, deep or shallow, and their dropout.
         tasks: rows of the prompts, each drawn with the authors' uniform init (prompts have no identity).
 
@@ -86,23 +136,21 @@ def add(model: nn.Module, options: Options = Options(), tasks: int = 1) -> list[
         raise ConfigError(f"vpt: tasks must be a positive integer, not {tasks!r}")
     if hasattr(model, PROMPTS):
         raise ConfigError("vpt is already added to this model")
-    reference = model.patch_embed.proj.weight
-    layers = len(model.blocks) if options.deep else 1
-    patch = math.prod(model.patch_embed.patch_size)
-    bound = math.sqrt(6.0 / (3 * patch + model.embed_dim))
-    prompts = torch.empty(tasks, layers, options.tokens, model.embed_dim, device=reference.device,
-                          dtype=reference.dtype)
+    sequence, reference = _sequence(model), next(model.parameters())
+    layers = len(sequence.blocks) if options.deep else 1
+    bound = math.sqrt(6.0 / (3 * sequence.patch + sequence.dim))
+    prompts = torch.empty(tasks, layers, options.tokens, sequence.dim, device=reference.device, dtype=reference.dtype)
     nn.init.uniform_(prompts, -bound, bound)
     model.register_parameter(PROMPTS, nn.Parameter(prompts))
 
-    _keep_handle(model.norm_pre, model.norm_pre.register_forward_hook(
-        functools.partial(_insert, model, options.dropout)))
+    prefix, dropout = sequence.prefix, options.dropout
+    entry, last = sequence.entry, sequence.blocks[-1]
+    _keep_handle(entry, entry.register_forward_hook(functools.partial(_insert, model, prefix, dropout)))
     for layer in range(1, layers):
-        block = model.blocks[layer]
-        _keep_handle(block, block.register_forward_pre_hook(functools.partial(_replace, model, options.dropout,
+        block = sequence.blocks[layer]
+        _keep_handle(block, block.register_forward_pre_hook(functools.partial(_replace, model, prefix, dropout,
                                                                                layer)))
-    last = model.blocks[-1]
-    _keep_handle(last, last.register_forward_hook(functools.partial(_drop, model)))
+    _keep_handle(last, last.register_forward_hook(functools.partial(_drop, model, prefix)))
     return [PROMPTS]
 
 
@@ -113,22 +161,23 @@ def _prompts(model: nn.Module, dropout: float, layer: int, x: torch.Tensor) -> t
     return prompts.to(x.dtype).expand(x.shape[0], -1, -1)
 
 
-def _insert(model: nn.Module, dropout: float, norm_pre: nn.Module, args: tuple, x: torch.Tensor) -> torch.Tensor:
-    """Forward hook on ``norm_pre``: ``[B, P + N, D]`` -> ``[B, P + n + N, D]``, prompts after the P prefix tokens."""
-    prefix = model.num_prefix_tokens
+def _insert(model: nn.Module, prefix: int, dropout: float, entry: nn.Module, args: tuple,
+            x: torch.Tensor) -> torch.Tensor:
+    """Forward hook on ``norm_pre`` (timm) or the embeddings (transformers): ``[B, P + N, D]`` ->
+    ``[B, P + n + N, D]``, the prompts after the P prefix tokens."""
     return torch.cat((x[:, :prefix], _prompts(model, dropout, 0, x), x[:, prefix:]), dim=1)
 
 
-def _replace(model: nn.Module, dropout: float, layer: int, block: nn.Module, args: tuple) -> tuple:
+def _replace(model: nn.Module, prefix: int, dropout: float, layer: int, block: nn.Module, args: tuple) -> tuple:
     """Forward pre-hook on block ``layer`` of VPT-deep: its own prompts in place of the previous block's outputs."""
-    x, prefix, tokens = args[0], model.num_prefix_tokens, getattr(model, PROMPTS).shape[2]
+    x, tokens = args[0], getattr(model, PROMPTS).shape[2]
     x = torch.cat((x[:, :prefix], _prompts(model, dropout, layer, x), x[:, prefix + tokens:]), dim=1)
     return (x,) + tuple(args[1:])
 
 
-def _drop(model: nn.Module, block: nn.Module, args: tuple, x: torch.Tensor) -> torch.Tensor:
+def _drop(model: nn.Module, prefix: int, block: nn.Module, args: tuple, x: torch.Tensor) -> torch.Tensor:
     """Forward hook on the last block: ``[B, P + n + N, D]`` -> ``[B, P + N, D]``, the usual tokens."""
-    prefix, tokens = model.num_prefix_tokens, getattr(model, PROMPTS).shape[2]
+    tokens = getattr(model, PROMPTS).shape[2]
     return torch.cat((x[:, :prefix], x[:, prefix + tokens:]), dim=1)
 
 
