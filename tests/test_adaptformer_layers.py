@@ -234,3 +234,15 @@ def test_transformers_layers_take_the_bottleneck_on_layernorm_after_beside_the_m
         assert torch.allclose(layer(tokens), expected, atol=1e-5)
     adaptformer.remove(model)
     assert list(model.state_dict()) == keys and torch.equal(model(x).logits, logits)
+
+
+def test_a_deep_copy_adapts_with_its_own_tensors_and_removes_its_own_hooks():
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    names = adaptformer.add(model)
+    randomize(model, names)
+    with torch.no_grad():
+        before, twin = model(x), copy.deepcopy(model)
+        randomize(twin, names)
+        assert not torch.allclose(twin(x), before) and torch.equal(model(x), before)
+        adaptformer.remove(twin)
+        assert torch.equal(model(x), before)

@@ -210,3 +210,15 @@ def test_transformers_vit_serves_a_mixed_batch_as_its_single_task_models():
             mixed = served(x).logits
         assert torch.allclose(mixed[[1, 2]], single(x[[1, 2]]).logits, atol=1e-5)
         assert torch.allclose(mixed[[0, 3]], base(x[[0, 3]]).logits, atol=1e-5)
+
+
+def test_a_deep_copy_scales_with_its_own_tensors_and_removes_its_own_hooks():
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    names = ssf.add(model)
+    with torch.no_grad():
+        before, twin = model(x), copy.deepcopy(model)
+        for name in names:
+            twin.get_parameter(name).normal_()
+        assert not torch.allclose(twin(x), before) and torch.equal(model(x), before)
+        ssf.remove(twin)
+        assert torch.equal(model(x), before)

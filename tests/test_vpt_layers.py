@@ -232,3 +232,14 @@ def test_transformers_vit_and_deit_take_the_prompts_after_their_prefix_tokens(di
         assert torch.allclose(model(x).logits, expected, atol=1e-5)
     vpt.remove(model)
     assert list(model.state_dict()) == keys and torch.equal(model(x).logits, plain(x).logits)
+
+
+def test_a_deep_copy_prompts_with_its_own_tensor_and_removes_its_own_hooks():
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    vpt.add(model)
+    with torch.no_grad():
+        before, twin = model(x), copy.deepcopy(model)
+        twin.vpt_prompts.normal_()
+        assert not torch.allclose(twin(x), before) and torch.equal(model(x), before)
+        vpt.remove(twin)
+        assert torch.equal(model(x), before)
