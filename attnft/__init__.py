@@ -28,6 +28,7 @@ _HOMES = {
     "METHODS": "attnft.methods",
     "method_of": "attnft.methods",
     "method_for_spec": "attnft.methods",
+    "register_method": "attnft.methods",
     "apply_peft_policy": "attnft.methods.peft.model",
     "AdapterStore": "attnft.adapters.store",
     "find_adapter": "attnft.adapters.store",

@@ -23,7 +23,10 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from attnft.adapters import WEIGHTS_FILE, BaseSnapshot, load_adapter, save_adapter  # noqa: E402
+from attnft.core.files import WEIGHTS_FILE
+from attnft.methods.freeze.snapshot import BaseSnapshot
+from attnft.methods.freeze.load import load_adapter
+from attnft.methods.freeze.save import save_adapter  # noqa: E402
 from attnft.methods.freeze.policy import apply_policy  # noqa: E402
 
 LIMITS = {"exact": 0.35, "delta-float16": 0.18}  # the targets, as a share of the full checkpoint

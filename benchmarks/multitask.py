@@ -35,7 +35,7 @@ import time
 import timm
 import torch
 
-from attnft.adapters import expected_tensors
+from attnft.methods.freeze.load import expected_tensors
 from attnft.multitask import MultiTaskModel, TaskWeights
 from attnft.roles import Role, build_role_map
 

@@ -51,7 +51,7 @@ BASE = "vit_fmnist_patch4_28"
 
 
 def make_store(root: Path, count: int) -> None:
-    from attnft.adapters import BaseSnapshot
+    from attnft.methods.freeze.snapshot import BaseSnapshot
     from attnft.models import create_model
     from attnft.methods.freeze.policy import apply_policy
     from attnft.adapters.store import AdapterStore

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from attnft.methods.record import AdapterRecord
-from attnft.adapters import BaseSnapshot
+from attnft.methods.freeze.snapshot import BaseSnapshot
 from attnft.data import build_transforms, decode_image
 from attnft.models import create_model
 from attnft.multitask import MultiTaskModel
@@ -115,9 +115,9 @@ def _die_with_parent() -> None:
 class Server:
     """``attnft serve`` as a subprocess on a free port; its output goes to files (a full pipe would stall it)."""
 
-    def __init__(self, store, tmp_path, *args):
+    def __init__(self, store, tmp_path, *args, env=None):
         self.log = tmp_path / f"serve-{time.monotonic_ns()}"
-        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
         with open(f"{self.log}.out", "w") as out, open(f"{self.log}.err", "w") as err:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "attnft", "serve", "--store", str(store.root), "--port", "0", *args],

@@ -10,17 +10,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnft.methods.record import AdapterRecord
-from attnft.adapters import (
-    CARD_FILE,
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    BaseSnapshot,
-    compute_fingerprint,
-    load_adapter,
-    read_adapter,
-    save_adapter,
-    verify_adapter,
-)
+from attnft.core.files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
+from attnft.methods.freeze.snapshot import BaseSnapshot
+from attnft.methods.fingerprint import compute_fingerprint
+from attnft.methods.freeze.load import load_adapter
+from attnft.methods.freeze.read import read_adapter, verify_adapter
+from attnft.methods.freeze.save import save_adapter
 from attnft.core.errors import AdapterError, BaseMismatchError, StoreError
 from attnft.adapters.merge import export_adapter
 from attnft.methods.freeze.policy import apply_policy
@@ -176,7 +171,7 @@ def test_fingerprint_is_the_same_in_another_process(tmp_path, trained_vit):
     code = (
         "import sys; sys.path.insert(0, 'tests');"
         "from safetensors.torch import load_file; from tiny_models import tiny_model;"
-        "from attnft.adapters import compute_fingerprint;"
+        "from attnft.methods.fingerprint import compute_fingerprint;"
         f"m = tiny_model('vit'); m.load_state_dict(load_file({str(tmp_path / 'base.safetensors')!r})); print(compute_fingerprint(m))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, env=_env())

@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 from attnft.methods.record import AdapterRecord
-from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, BaseSnapshot
+from attnft.core.files import CONFIG_FILE, WEIGHTS_FILE
+from attnft.methods.freeze.snapshot import BaseSnapshot
 from attnft.cli import main
 from attnft.methods.freeze.policy import apply_policy
 from attnft.adapters.store import AdapterStore

@@ -9,7 +9,7 @@ import timm
 import torch
 
 from attnft.methods.record import AdapterRecord
-from attnft.adapters import BaseSnapshot
+from attnft.methods.freeze.snapshot import BaseSnapshot
 from attnft.bundled import BUNDLED_MODEL_28, MEAN, STD
 from attnft.core.errors import AdapterError
 from attnft.adapters.merge import export_merged

@@ -13,7 +13,8 @@ from PIL import Image
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 from attnft.methods.record import AdapterRecord
-from attnft.adapters import BaseSnapshot, load_adapter
+from attnft.methods.freeze.snapshot import BaseSnapshot
+from attnft.methods.freeze.load import load_adapter
 from attnft.cli import main
 from attnft.models import create_model
 from attnft.multitask import MultiTaskModel

@@ -9,7 +9,8 @@ from peft import PeftModel
 from timm.optim import create_optimizer_v2
 from torch import nn
 
-from attnft.adapters import BaseSnapshot, compute_fingerprint
+from attnft.methods.freeze.snapshot import BaseSnapshot
+from attnft.methods.fingerprint import compute_fingerprint
 from attnft.core.errors import UnknownPolicyError
 from attnft.methods import method_for_spec, parse_method
 from attnft.methods.freeze.method import FREEZE, FreezeTuning

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from attnft.methods.record import AdapterRecord
-from attnft.adapters import BaseSnapshot, load_adapter
+from attnft.methods.freeze.snapshot import BaseSnapshot
+from attnft.methods.freeze.load import load_adapter
 from attnft.core.errors import AdapterError, BaseMismatchError, ConfigError
 from attnft.multitask import MultiTaskModel, TaskWeights
 from attnft.methods.freeze.policy import apply_policy

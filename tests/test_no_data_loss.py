@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from attnft.adapters import save_adapter
+from attnft.methods.freeze.save import save_adapter
 from attnft.cli import main
 from attnft.core.errors import StoreError
 from attnft.core.files import ADAPTER_FOLDER, EXPORT_FOLDER, write_text_atomically

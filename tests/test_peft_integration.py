@@ -11,7 +11,9 @@ from torch import nn
 
 from attnft.methods.record import AdapterRecord
 from attnft.methods.peft import sidecar as peft_sidecar
-from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterConfig, BaseSnapshot
+from attnft.core.files import CONFIG_FILE, WEIGHTS_FILE
+from attnft.methods.freeze.config import AdapterConfig
+from attnft.methods.freeze.snapshot import BaseSnapshot
 from attnft.cli import main
 from attnft.core.errors import AdapterError, StoreError, UnknownPolicyError
 from attnft.multitask import MultiTaskModel

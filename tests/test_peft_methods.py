@@ -1,5 +1,5 @@
 """peft methods on the role map's modules: targets, training, saving in peft's format, multi-task serving
-(:class:`attnft.multitask.peft_model.PeftMultiTask`)."""
+(:class:`attnft.multitask.PeftMultiTask`)."""
 import copy
 import json
 import warnings
@@ -12,7 +12,7 @@ from torch import nn
 from attnft.methods.record import AdapterRecord
 from attnft.core.errors import AdapterError, BaseMismatchError, StoreError, UnknownPolicyError
 from attnft.methods.peft.spec import IA3Options, LoraOptions, PeftPolicy
-from attnft.multitask.peft_model import PeftMultiTask
+from attnft.multitask import PeftMultiTask
 from attnft.methods.peft.targets import adapted_modules
 from attnft.methods.peft.model import apply_peft_policy, param_groups
 from attnft.methods.peft.sidecar import is_peft_adapter, read_peft_adapter

@@ -1,4 +1,5 @@
-"""The public API at the package root, and the old paths that warn for one release."""
+"""The public API at the package root; the old path that model cards saved before name, which warns; and the old
+paths gone."""
 import subprocess
 import sys
 
@@ -7,8 +8,8 @@ import pytest
 import attnft
 from snippets import clean_env
 
-OLD_PATHS = {"attnft.policy": "apply_policy", "attnft.store": "AdapterStore", "attnft.errors": "AttnftError",
-             "attnft.peft_methods": "apply_peft_policy"}
+OLD_PATHS = {"attnft.peft_methods": "apply_peft_policy"}  # named by model cards saved before: kept while they are
+GONE_PATHS = ("attnft.policy", "attnft.store", "attnft.errors")  # shims for one release, gone: from attnft import ...
 
 
 def _python(code: str, *flags: str) -> subprocess.CompletedProcess:
@@ -45,6 +46,12 @@ def test_an_old_path_still_works_and_warns(path, name):
     assert _python(f"import {path}", "-W", "error::DeprecationWarning").returncode != 0
 
 
+@pytest.mark.parametrize("path", GONE_PATHS)
+def test_the_old_shims_are_gone(path):
+    done = _python(f"import {path}")
+    assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr
+
+
 def test_model_cards_name_the_new_paths():
     import inspect
 
@@ -54,4 +61,4 @@ def test_model_cards_name_the_new_paths():
     for module in (cards, hf_library):
         source = inspect.getsource(module)
         assert "from attnft import" in source
-        assert not [path for path in OLD_PATHS if f"from {path} import" in source]
+        assert not [path for path in (*OLD_PATHS, *GONE_PATHS) if f"from {path} import" in source]

@@ -4,7 +4,7 @@ The role map (``attnft/roles/``: ``map.py``, ``walk.py``, ``names.py`` and the f
 every other module asks a :class:`attnft.roles.RoleMap` (``module_role``, ``claiming_module``, ``block_path``, ``head_of``,
 ``is_bias``, ``is_grid_sized``, ``top_level``) or the name helpers of ``attnft.roles``
 (``split_first``, ``split_last``, ``module_of``, ``join_name``, ``is_under``, ``is_weight``,
-``is_peft_tensor``). This test greps the package source for the ways names get matched.
+``is_method_tensor``). This test greps the package source for the ways names get matched.
 """
 import re
 from pathlib import Path

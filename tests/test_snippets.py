@@ -13,7 +13,7 @@ import torch
 from timm.models._hub import save_for_hf
 
 from attnft.methods.record import AdapterRecord
-from attnft.adapters import BaseSnapshot
+from attnft.methods.freeze.snapshot import BaseSnapshot
 from attnft.bundled import BUNDLED_MODEL_28, BUNDLED_MODEL_224, LABEL_NAMES, weights_path
 from attnft.cli import main
 from attnft.adapters.merge import create_base

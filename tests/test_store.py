@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from attnft.methods.record import AdapterRecord
-from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, BaseSnapshot
+from attnft.core.files import CONFIG_FILE, WEIGHTS_FILE
+from attnft.methods.freeze.snapshot import BaseSnapshot
 from attnft.core.errors import AdapterError, OfflineError, StoreError
 from attnft.core.files import FolderKind, Marker, write_directory_atomically
 from attnft.methods.freeze.policy import apply_policy

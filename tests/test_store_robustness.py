@@ -24,7 +24,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnft.core import files as files_module
-from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, load_adapter, save_adapter
+from attnft.core.files import CONFIG_FILE, WEIGHTS_FILE
+from attnft.methods.freeze.load import load_adapter
+from attnft.methods.freeze.save import save_adapter
 from attnft.cli import main
 from attnft.core.errors import AdapterError, BaseMismatchError, StoreError
 from attnft.adapters.merge import export_adapter

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from attnft.methods.record import AdapterRecord
-from attnft.adapters import CONFIG_FILE
+from attnft.core.files import CONFIG_FILE
 from attnft.cli import main
 from attnft.core.errors import AdapterError, AttnftError
 from attnft.adapters.store import AdapterStore

@@ -6,7 +6,8 @@ import time
 
 import torch
 
-from attnft.adapters import CONFIG_FILE, WEIGHTS_FILE, read_adapter
+from attnft.core.files import CONFIG_FILE, WEIGHTS_FILE
+from attnft.methods.freeze.read import read_adapter
 from attnft.adapters.store import AdapterStore
 from attnft.core.errors import AdapterError
 from attnft.methods import parse_method

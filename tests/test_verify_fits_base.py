@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from attnft.adapters import CONFIG_FILE
+from attnft.core.files import CONFIG_FILE
 from attnft.adapters.store import AdapterStore
 from attnft.cli import main
 from attnft.core.errors import AdapterError

@@ -1,6 +1,7 @@
-"""Adapters on disk, of every method family; here attnft's own format (the freezing policies': its home is
-:mod:`attnft.methods.freeze`), re-exported where adapters were always imported from, with the store
-(:mod:`.store`) and exports (:mod:`.merge`) beside it.
+"""Adapters in the store and out of it: :mod:`.store` (named adapters of every method family, side by side;
+``find_adapter``), :mod:`.names` (what a name may be) and :mod:`.merge` (exports the base's library loads alone).
+Each family's format has its home in its package of :mod:`attnft.methods`; attnft's own, the freezing policies',
+in :mod:`attnft.methods.freeze`, described here because it is what most adapters in a store are.
 
 An adapter is a folder of three files::
 
@@ -34,34 +35,12 @@ unpickles. A tensor holding NaN or inf is never saved, and reading or verifying 
 Layout of the format, in :mod:`attnft.methods.freeze`: ``config`` (the JSON and the adapter in memory), ``save``,
 ``read`` (and verify), ``load``, ``snapshot`` (the base captured before training); :mod:`attnft.methods.record` (what
 the caller says an adapter is: base, size, classes, data config, training, licence) and
-:mod:`attnft.methods.base_model` (what is recorded to create the base again). The fingerprint, the card and the
-atomic writes are re-exported here from their own modules.
+:mod:`attnft.methods.base_model` (what is recorded to create the base again).
 """
-from ..methods.cards import model_card
-from ..core.files import (
-    io_error,
-    nearest_existing,
-    remove_directory_atomically,
-    remove_entry,
-    sha256_file,
-    write_directory_atomically,
-)
-from ..methods.fingerprint import compute_fingerprint, unfingerprinted_names
-from ..methods.freeze.snapshot import BaseSnapshot
-from ..methods.base_model import base_model_args, base_model_name, current_input_size, default_data_config, jsonable
-from ..methods.freeze.config import CARD_FILE, CONFIG_FILE, DELTA_DTYPES, FORMAT, FORMAT_VERSION, MODES, WEIGHTS_FILE, Adapter, AdapterConfig
-from ..methods.freeze.load import expected_tensors, load_adapter
-from ..methods.freeze.read import check_finite, check_finite_file, check_num_classes, read_adapter, read_config, safetensors_header, verify_adapter
-from ..methods.record import AdapterRecord
-from ..methods.freeze.save import save_adapter
+# model cards saved before attnft 0.2 say ``from attnft.adapters import load_adapter``: kept while they are about
+from ..methods.freeze.load import load_adapter
+from .names import MAX_NAME_LENGTH, check_name, fit_name, is_valid_name
+from .store import AdapterStore, FoundAdapter, default_store_root, find_adapter
 
-__all__ = [
-    "CARD_FILE", "CONFIG_FILE", "WEIGHTS_FILE", "FORMAT", "FORMAT_VERSION", "MODES", "DELTA_DTYPES",
-    "Adapter", "AdapterConfig", "AdapterRecord", "BaseSnapshot",
-    "compute_fingerprint", "unfingerprinted_names",
-    "save_adapter", "read_config", "read_adapter", "verify_adapter", "load_adapter", "expected_tensors",
-    "check_finite", "check_finite_file", "check_num_classes", "safetensors_header", "sha256_file",
-    "base_model_args", "base_model_name", "current_input_size", "default_data_config", "jsonable",
-    "model_card",
-    "write_directory_atomically", "remove_directory_atomically", "nearest_existing", "remove_entry", "io_error",
-]
+__all__ = ["AdapterStore", "FoundAdapter", "MAX_NAME_LENGTH", "check_name", "default_store_root", "find_adapter",
+           "fit_name", "is_valid_name", "load_adapter"]

@@ -1,7 +1,8 @@
 """Merge an adapter into its base and export a folder the base's library loads alone, without attnft.
 
 An attnft adapter holds the trained tensors themselves (or exact-size deltas), so merging is
-loading: :func:`attnft.adapters.load_adapter` writes them into the base. The export is the
+loading: :func:`attnft.methods.freeze.load.load_adapter` writes them into the base; SSF's scales and shifts fold into
+the layers before them (each family's :meth:`attnft.methods.Method.merged`). The export is the
 folder the base's library reads (:meth:`attnft.models.library.ModelLibrary.plan_export`): timm's
 own hub layout (``model.safetensors``, ``config.json``; :mod:`attnft.models.timm_library`) or what
 transformers' ``save_pretrained`` writes plus the image processor (:mod:`attnft.models.hf_library`),
@@ -17,15 +18,13 @@ import json
 import os
 
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from torch import nn
 
 from ..methods.base_model import base_build_kwargs
 from ..methods.cards import export_card
-from ..methods.freeze.config import Adapter, AdapterConfig
-from ..methods.freeze.load import load_adapter
-from ..methods.freeze.read import read_adapter
+from ..methods import method_of
 from ..core.version import __version__
 from ..core.files import CARD_FILE as EXPORT_CARD, EXPORT_FOLDER, EXPORT_FORMAT, SIDECAR_FILE, PathLike, check_replaceable_folder, write_directory_atomically
 from ..models import create_model, library_of
@@ -35,8 +34,9 @@ from ..models.timm_library import DATA_KEYS, ExportResult  # noqa: F401  (re-exp
 __all__ = ["create_base", "export_merged", "export_adapter", "ExportResult", "PlainExport", "DATA_KEYS"]
 
 
-def create_base(config: AdapterConfig, checkpoint: Optional[PathLike] = None) -> nn.Module:
-    """The base an adapter was trained on, at the adapter's input size and classes.
+def create_base(config, checkpoint: Optional[PathLike] = None) -> nn.Module:
+    """The base an adapter was trained on (its config, of any family: ``model_name``, ``model_args``, ``input_size``,
+    ``num_classes``), at the adapter's input size and classes.
 
     From ``checkpoint`` (a safetensors or state-dict file of the base) when given, else from
     the pretrained weights of ``config.model_name`` (the hub, or its local cache offline).
@@ -82,7 +82,7 @@ def export_merged(
 
 
 def export_adapter(
-    adapter: Union[PathLike, Adapter],
+    adapter: Union[PathLike, Any],
     out_dir: PathLike,
     *,
     base_model: Optional[nn.Module] = None,
@@ -90,14 +90,17 @@ def export_adapter(
     ignore_fingerprint: bool = False,
     overwrite: bool = False,
 ) -> PlainExport:
-    """Merge ``adapter`` into its base (``base_model``, or built by :func:`create_base`) and export it:
-    the folder the base's library loads alone (:func:`export_merged`).
+    """Merge ``adapter`` (a folder, or what its family read from one) into its base (``base_model``, or built by
+    :func:`create_base`) and export it: the folder the base's library loads alone (:func:`export_merged`). Its
+    family merges it (:meth:`attnft.methods.Method.merged`: attnft's format by loading, SSF by folding).
 
     Nothing is written unless the adapter verifies and fits the base.
     """
     check_replaceable_folder(out_dir, overwrite, EXPORT_FOLDER)  # before minutes of merging
-    adapter = read_adapter(adapter) if isinstance(adapter, (str, os.PathLike)) else adapter
-    model = base_model if base_model is not None else create_base(adapter.config, base_checkpoint)
-    config = load_adapter(model, adapter, ignore_fingerprint=ignore_fingerprint)
-    title = f"{adapter.path.name} (merged)" if adapter.path else None
+    method = method_of(adapter)
+    adapter = method.read(adapter) if isinstance(adapter, (str, os.PathLike)) else adapter
+    model = base_model if base_model is not None else create_base(method.config(adapter), base_checkpoint)
+    config = method.merged(model, adapter, ignore_fingerprint=ignore_fingerprint)
+    path = getattr(adapter, "path", None)
+    title = f"{Path(path).name} (merged)" if path else None
     return export_merged(model.eval(), out_dir, data_config=config.data_config, label_names=config.label_names, title=title, overwrite=overwrite)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 from torch import nn
 
 from ..methods.freeze.config import Adapter, AdapterConfig
-from ..core.files import CONFIG_FILE, WEIGHTS_FILE
+from ..core.files import CONFIG_FILE
 from ..methods.freeze.snapshot import BaseSnapshot
 from ..core.errors import AdapterError, AttnftError, StoreError
 from ..core.files import ADAPTER_FOLDER, PathLike, io_error, nearest_existing, pid_alive, remove_directory_atomically, remove_entry, write_directory_atomically
@@ -148,7 +148,7 @@ class AdapterStore:
         ``record``: what the adapter says about itself, its base, classes, data config, training and
         licence (default: the model's own, :meth:`attnft.methods.record.AdapterRecord.of`).
         A :class:`PolicyReport` (freezing policy): attnft's format, ``base`` being the snapshot
-        taken before training, ``mode`` exact or delta (in ``delta_dtype``) (:func:`attnft.adapters.save_adapter`).
+        taken before training, ``mode`` exact or delta (in ``delta_dtype``) (:func:`attnft.methods.freeze.save.save_adapter`).
         A :class:`attnft.methods.peft.model.PeftReport`: ``model`` is the PeftModel, saved in peft's
         format; the report holds the base fingerprint, so no ``base``; the record's ``training`` is kept as
         the sidecar's metadata. Refuses NaN / inf.
@@ -225,7 +225,7 @@ class AdapterStore:
         """Load adapter ``name`` onto ``model``; the module to call.
 
         attnft's format: writes the trained tensors into ``model`` in place and returns ``model``
-        (``load_kwargs`` as :func:`attnft.adapters.load_adapter`). peft's format: wraps
+        (``load_kwargs`` as :func:`attnft.methods.freeze.load.load_adapter`). peft's format: wraps
         ``model`` (changed in place) and returns the **PeftModel** to call instead
         (``load_kwargs`` as :func:`attnft.methods.peft.files.load_peft_adapter`).
         """
@@ -367,4 +367,4 @@ def find_adapter(name_or_folder: str, store_root: Optional[PathLike] = None) -> 
     return FoundAdapter(path, method, adapter, method.config(adapter))
 
 
-__all__ = ["AdapterStore", "AdapterRecord", "FoundAdapter", "find_adapter", "AdapterSummary", "STALE_AFTER_S", "check_name", "is_valid_name", "default_store_root", "WEIGHTS_FILE"]
+__all__ = ["AdapterStore", "FoundAdapter", "STALE_AFTER_S", "default_store_root", "find_adapter"]

@@ -5,6 +5,8 @@ modules (``lora``, ``lora+ffn:r=16``, ``ia3``): then the report counts the adapt
 """
 import argparse
 
+from ..methods import spec_help
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -16,7 +18,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument(
         "--policy",
         default="attn",
-        help="attn (default), ffn, full, head, edited as in 'attn+norm-pos_embed@8-11'; or peft's lora, ia3, as in 'lora+ffn:r=16'",
+        help=f"what trains (default: attn): {spec_help()}",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=run)

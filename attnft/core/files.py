@@ -24,8 +24,8 @@ from .errors import StoreError
 PathLike = Union[str, os.PathLike]
 
 from .folders import (  # noqa: F401  (re-exported: the file names and folder kinds have their home in .folders)
-    ADAPTER_FOLDER, ADAPTER_FORMAT, ATTNFT_FOLDERS, CARD_FILE, CONFIG_FILE, EXPORT_CONFIG, EXPORT_FOLDER, EXPORT_FORMAT,
-    EXPORT_WEIGHTS, PEFT_SIDECAR_FORMAT, PROCESSOR_FILE, SIDECAR_FILE, WEIGHTS_FILE, FolderKind, Marker,
+    ADAPTER_FOLDER, ATTNFT_FOLDERS, CARD_FILE, CONFIG_FILE, EXPORT_CONFIG, EXPORT_FOLDER, EXPORT_FORMAT,
+    EXPORT_WEIGHTS, PROCESSOR_FILE, SIDECAR_FILE, WEIGHTS_FILE, FolderKind, FolderKinds, Marker,
     check_outside_attnft_folders, check_outside_store, enclosing_attnft_folder,
 )
 
@@ -33,7 +33,7 @@ _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 
 
-def write_directory_atomically(target: PathLike, write: Callable[[Path], None], *, kind: FolderKind,
+def write_directory_atomically(target: PathLike, write: Callable[[Path], None], *, kind: Union[FolderKind, FolderKinds],
                                overwrite: bool = False, what: Optional[str] = None) -> None:
     """Make folder ``target``, a folder of ``kind``, appear complete or not at all.
 
@@ -82,7 +82,7 @@ def write_directory_atomically(target: PathLike, write: Callable[[Path], None], 
             remove_entry(tmp)
 
 
-def remove_directory_atomically(target: PathLike, *, kind: FolderKind, what: Optional[str] = None) -> None:
+def remove_directory_atomically(target: PathLike, *, kind: Union[FolderKind, FolderKinds], what: Optional[str] = None) -> None:
     """Delete folder ``target``, a folder of ``kind``, so that readers see it whole or gone: rename it hidden,
     then remove its files (only those ``kind`` writes) and the folder.
 
@@ -193,7 +193,7 @@ def _os_error_inside(error: Exception) -> Optional[OSError]:
     return OSError(int(match.group(1)), os.strerror(int(match.group(1)))) if match else None
 
 
-def check_replaceable_folder(target: PathLike, overwrite: bool, kind: FolderKind) -> None:
+def check_replaceable_folder(target: PathLike, overwrite: bool, kind: Union[FolderKind, FolderKinds]) -> None:
     """StoreError unless folder ``target`` is absent, or (with ``overwrite``) a folder of ``kind`` attnft wrote."""
     target = Path(target)
     found = enclosing_attnft_folder(target.parent)

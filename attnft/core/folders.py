@@ -29,8 +29,6 @@ PROCESSOR_FILE = "preprocessor_config.json"
 
 
 # what only attnft writes: the "format" of the JSON file that marks each kind of folder as attnft's own
-ADAPTER_FORMAT = "attnft-adapter"  # adapter_config.json of attnft's format
-PEFT_SIDECAR_FORMAT = "attnft-peft-adapter"  # attnft.json beside a peft adapter
 EXPORT_FORMAT = "attnft-export"  # attnft.json of an export folder
 _MARKER_MAX_BYTES = 64 << 20  # an adapter config lists every tensor: a few MB for the largest models
 
@@ -98,10 +96,40 @@ def _matches(name: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-ADAPTER_FOLDER = FolderKind(
-    "an adapter", required=(CONFIG_FILE, WEIGHTS_FILE), files=(CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, SIDECAR_FILE),
-    markers=(Marker(CONFIG_FILE, ADAPTER_FORMAT), Marker(SIDECAR_FILE, PEFT_SIDECAR_FORMAT)),
-)
+class FolderKinds:
+    """Several kinds of folder under one noun: a folder is of it when one of them holds it. The adapter folders of
+    every method family, each registered by its family (:func:`attnft.methods.register_method`): this layer knows
+    none of them."""
+
+    def __init__(self, noun: str):
+        self.noun = noun
+        self.kinds: list[FolderKind] = []
+
+    def register(self, kind: FolderKind) -> None:
+        self.kinds.append(kind)
+
+    def holds(self, path: PathLike, *, empty_ok: bool = True) -> bool:
+        """Whether ``path`` is a folder of one of the kinds (or empty, with ``empty_ok``)."""
+        return any(kind.holds(path, empty_ok=empty_ok) for kind in self.kinds)
+
+    def own_files(self, path: PathLike) -> list[Path]:
+        """The entries of ``path`` that the kind holding it writes (nothing when none holds it)."""
+        kind = next((k for k in self.kinds if k.holds(path, empty_ok=False)), None)
+        return kind.own_files(path) if kind is not None else []
+
+    @property
+    def marker_files(self) -> set[str]:
+        return {marker.file for kind in self.kinds for marker in kind.markers}
+
+
+ADAPTER_FOLDER = FolderKinds("an adapter")  # every family's adapter folder, registered by the families
+
+
+def register_adapter_folder(kind: FolderKind) -> None:
+    """Make folders of ``kind`` adapters: ``--overwrite`` replaces one and ``adapters delete`` removes one."""
+    ADAPTER_FOLDER.register(kind)
+
+
 EXPORT_FOLDER = FolderKind(
     "an export", required=(EXPORT_CONFIG, "model*.safetensors*", SIDECAR_FILE),
     files=(EXPORT_CONFIG, "model*.safetensors", "model.safetensors.index.json", PROCESSOR_FILE, CARD_FILE, SIDECAR_FILE),
@@ -117,9 +145,10 @@ def enclosing_attnft_folder(path: PathLike) -> Optional[tuple[Path, FolderKind]]
     an export there would change (or break) what the folder's config describes.
     """
     folder = Path(os.path.realpath(path))
+    markers = {marker.file for marker in EXPORT_FOLDER.markers} | ADAPTER_FOLDER.marker_files
     for candidate in (folder, *folder.parents):
-        if not (candidate / CONFIG_FILE).is_file() and not (candidate / SIDECAR_FILE).is_file():
-            continue  # cheap: every attnft folder holds one of the two
+        if not any((candidate / name).is_file() for name in markers):
+            continue  # cheap: every attnft folder holds one of its markers
         for kind in ATTNFT_FOLDERS:
             if kind.holds(candidate, empty_ok=False):
                 return candidate, kind

@@ -1,9 +1,9 @@
 """What every adaptation method answers: :class:`Method` (a family, registered once in
 :data:`attnft.methods.METHODS`), :class:`Tuning` (a policy spec it parsed) and :class:`Applied` (that spec applied).
 
-A method family is one package of :mod:`attnft.methods` (``freeze/``, ``peft/``) and one :class:`Method` instance:
-it parses its specs, applies them to a model, saves, reads, verifies and loads its adapter folders, and names the
-multi-task model that serves many of them. Nothing outside :mod:`attnft.methods` asks which family it holds: it
+A method family is one package of :mod:`attnft.methods` (``freeze/``, ``peft/``) and one :class:`Method` instance,
+registered once (:func:`attnft.methods.register_method`): it parses its specs, applies them to a model, saves, reads,
+verifies and loads its adapter folders, and carries the multi-task model that serves many of them. Nothing outside :mod:`attnft.methods` asks which family it holds: it
 asks the family.
 """
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any, Optional
 
 from torch import nn
 
-from ..core.files import PathLike, folder_bytes
+from ..core.files import FolderKind, PathLike, folder_bytes
 from ..roles import RoleMap
 from .defaults import TrainingDefaults
-from .freeze.policy import check_blocks  # the one @BLOCKS rule, for every family
+from .specs import check_blocks  # the one @BLOCKS rule, for every family
 from .record import AdapterRecord
 
 
@@ -110,9 +110,19 @@ class Method:
 
     name: str  # what the store, the server and the objects it makes (their ``method_name``) call it
     format_name: str  # its adapters' format, as ``list``, ``show`` and the server's answers name it
-    multitask: str  # the class of attnft.multitask that serves many of its adapters on one base
+    specs: str  # its specs in a few words, for help texts and errors ("lora, ia3, as in 'lora+ffn:r=16'")
+    folder: FolderKind  # its adapter folders: their files and the marker only it writes (``--overwrite``, ``delete``)
     files: tuple[str, ...]  # the files of one of its adapter folders (what a hub download of one fetches)
+    watched: tuple[str, ...]  # the files whose change means its adapter changed (the server's catalog stats them)
+    prefixes: tuple[str, ...] = ()  # what the names of the tensors it adds to a model start with (``lora_``)
     trains_under_fsdp: bool = True
+    shares_base: bool = True  # its server leaves the base as it was for calls not its own (MixedFamilies)
+
+    @property
+    def server(self) -> type:
+        """The multi-task model (a :class:`attnft.methods.serving.TaskServer`) that serves many of its adapters on
+        one base."""
+        raise NotImplementedError
 
     def parse(self, spec: str) -> Optional[Tuning]:
         """The spec parsed, None if it is another family's; UnknownPolicyError if it is this family's and wrong."""
@@ -168,6 +178,11 @@ class Method:
     def export_refusal(self, name: str) -> Optional[str]:
         """Why adapter ``name`` cannot be merged into a plain checkpoint, or None if it can."""
         return None
+
+    def merged(self, model: nn.Module, source, *, ignore_fingerprint: bool = False) -> Any:
+        """Load the adapter ``source`` onto ``model`` and fold it in, so that ``model`` is a plain base of the same
+        architecture; its config. Only where :meth:`export_refusal` is None."""
+        raise NotImplementedError
 
     def summary(self, name: str, path: Path) -> AdapterSummary:
         """One line of ``list`` (no tensor read)."""

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..roles import Role, RoleMap, build_role_map
+from ..roles import Role, RoleMap, build_role_map, is_method_tensor
 
 
 def unfingerprinted_names(model: nn.Module, role_map: Optional[RoleMap] = None) -> set[str]:
@@ -39,9 +39,11 @@ def compute_fingerprint(model: nn.Module, role_map: Optional[RoleMap] = None) ->
 
     Call it on the base before training. The same values give the same fingerprint at any input
     size, on any device, process or machine, whatever float dtype holds them (hashed as float32);
-    a base cast to bf16 holds other values, so load adapters before casting.
+    a base cast to bf16 holds other values, so load adapters before casting. The tensors a method family added
+    (:func:`attnft.roles.is_method_tensor`) are not the base's and are left out too.
     """
-    return fingerprint_state(model.state_dict(), unfingerprinted_names(model, role_map))
+    state = model.state_dict()
+    return fingerprint_state(state, unfingerprinted_names(model, role_map) | {k for k in state if is_method_tensor(k)})
 
 
 def fingerprint_state(state: dict[str, torch.Tensor], left_out: set[str]) -> str:

@@ -37,7 +37,7 @@ from ..core.parsing import parse_background
 from ..core.hub import hub_errors
 from .state_dicts import CHECKPOINT_SUFFIXES, _few, read_state_dict
 from .resolution import check_img_size, check_img_size_value, check_token_count, resample_state_dict
-from ..roles import is_peft_tensor
+from ..roles import is_method_tensor
 
 __all__ = ["create_timm_model", "read_state_dict", "data_config", "model_img_size", "base_label_names", "head_fits",
            "checkpoint_bytes"]
@@ -138,14 +138,14 @@ def head_fits(base_names: Optional[list[list[str]]], num_classes: int, task_name
 
 def checkpoint_bytes(model: nn.Module) -> int:
     """Bytes of the model's own weights as a plain timm checkpoint holds them: every tensor of its
-    state dict once (tied ones once), in their dtype. A peft model counts as its base without the
-    adapter's tensors (LoRA / IA3 weights, peft's copies of modules it trains): the "full
+    state dict once (tied ones once), in their dtype. A model an adaptation method changed counts as its base without
+    the method's tensors (LoRA / IA3 weights, peft's copies of modules it trains, prompts): the "full
     checkpoint" every report compares an adapter with is the same for every policy."""
     peft_model = getattr(model, "get_base_model", None)
     base = peft_model() if callable(peft_model) else model
     seen, total = set(), 0
     for key, tensor in base.state_dict().items():
-        if is_peft_tensor(key):
+        if is_method_tensor(key):
             continue
         ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.numel())
         if ident not in seen:

@@ -5,8 +5,10 @@ tree, :mod:`.names` holds the name helpers; with :mod:`.families` (one table per
 the only readers of parameter and module names. Everything above asks a :class:`RoleMap`.
 """
 from .map import Region, Role, RoleEntry, RoleMap, parse_role
-from .names import is_bias, is_peft_tensor, is_under, is_weight, join_name, module_of, split_first, split_last
+from .names import (is_bias, is_method_tensor, is_under, is_weight, join_name, module_of, register_tensor_prefixes,
+                    split_first, split_last, tensor_prefix_owner)
 from .walk import build_role_map
 
-__all__ = ["Region", "Role", "RoleEntry", "RoleMap", "build_role_map", "is_bias", "is_peft_tensor", "is_under",
-           "is_weight", "join_name", "module_of", "parse_role", "split_first", "split_last"]
+__all__ = ["Region", "Role", "RoleEntry", "RoleMap", "build_role_map", "is_bias", "is_method_tensor", "is_under",
+           "is_weight", "join_name", "module_of", "parse_role", "register_tensor_prefixes", "split_first", "split_last",
+           "tensor_prefix_owner"]

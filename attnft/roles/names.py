@@ -1,8 +1,7 @@
 """Parameter and module names: the helpers the rest of attnft reads them with (splitting a dotted name, a
-tensor's module, biases and weights, peft's tensors), beside the role map that reads them for roles."""
+tensor's module, biases and weights, the tensors an adaptation method added), beside the role map that reads them
+for roles."""
 from __future__ import annotations
-
-import re
 
 
 def split_first(name: str) -> tuple[str, str]:
@@ -42,11 +41,24 @@ def is_weight(name: str) -> bool:
     return split_last(name)[1].endswith("weight")
 
 
-# peft's additions to a module's state dict: its method's tensors, and for a module it trains
-# whole (the head) the trained copy; ``original_module`` is the base's own copy and counts
-_PEFT_TENSOR = re.compile(r"(^|\.)(lora_[A-Za-z_]+|ia3_l|modules_to_save|lora_magnitude_vector)(\.|$)")
+# the prefixes of the tensors each adaptation method adds to a model (LoRA's ``lora_A``, VPT's ``vpt_prompts``):
+# prefix -> the family; the methods registry fills it (:func:`attnft.methods.register_method`), this layer knows none
+_METHOD_PREFIXES: dict[str, str] = {}
 
 
-def is_peft_tensor(key: str) -> bool:
-    """Whether state-dict ``key`` is a tensor peft added (LoRA / IA3 weights, a trained head's copy)."""
-    return _PEFT_TENSOR.search(key) is not None
+def register_tensor_prefixes(family: str, prefixes: tuple[str, ...]) -> None:
+    """Tensors with a dotted-name component starting with one of ``prefixes`` are ``family``'s (its registration)."""
+    for prefix in prefixes:
+        _METHOD_PREFIXES[prefix] = family
+
+
+def tensor_prefix_owner(prefix: str) -> str | None:
+    """The family whose prefixes overlap ``prefix`` (one starts with the other), or None."""
+    return next((family for taken, family in _METHOD_PREFIXES.items()
+                 if taken.startswith(prefix) or prefix.startswith(taken)), None)
+
+
+def is_method_tensor(key: str) -> bool:
+    """Whether state-dict ``key`` is a tensor an adaptation method added to the base (a LoRA or IA3 weight, a
+    trained head's copy, a prompt): one of its dotted components starts with a registered prefix."""
+    return any(part.startswith(prefix) for part in key.split(".") for prefix in _METHOD_PREFIXES)

@@ -16,7 +16,7 @@ from torch import nn
 
 from .families import Family, backbone_of, family_of
 from .map import ModuleRecord, Region, Role, RoleEntry, RoleMap
-from .names import split_first
+from .names import is_method_tensor, split_first
 
 # torch has nn.RMSNorm from 2.4 on; attnft allows 2.1
 _NORM_CLASSES = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
@@ -138,6 +138,8 @@ def build_role_map(model: nn.Module) -> RoleMap:
 
     def walk(module: nn.Module, prefix: str, role: Optional[Role], block: Optional[int], top_level: bool) -> None:
         for pname, param in module.named_parameters(recurse=False):
+            if is_method_tensor(prefix + pname):
+                continue  # an adaptation method's, not the base's (the role map is the base's)
             own = role if role is not None else _own_param_role(family, module, pname)
             entries.append(RoleEntry(prefix + pname, own, block, tuple(param.shape)))
         for tname in [*module._parameters, *module._buffers]:
@@ -145,6 +147,8 @@ def build_role_map(model: nn.Module) -> RoleMap:
                 found.grid[prefix + tname] = family.grid_tensors[tname]
         for attr, child in module.named_children():
             path = prefix + attr
+            if is_method_tensor(path):
+                continue  # a module an adaptation method added
             child_block = block
             if role is None and block is None and _is_block(family, child):
                 child_block = len(found.blocks)

@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..core.errors import AttnftError, ConfigError, StoreError
-from ..core.files import CONFIG_FILE, WEIGHTS_FILE
 from ..methods import METHODS, method_of
 from ..adapters.names import check_name, is_valid_name
+from ..core.folders import ADAPTER_FOLDER
+
+# the files whose change means an adapter changed, every family's (a file another family writes is absent and stays so)
+_WATCHED = tuple(dict.fromkeys(name for method in METHODS.values() for name in method.watched))
 
 Signature = tuple  # (inode, mtime_ns, size) of the folder, its config and its weights
 
@@ -159,14 +162,17 @@ def _signature(path: Path) -> Optional[Signature]:
     if path.is_symlink() and not _inside(path, path.parent):
         return None  # as import refuses links: what one points to out of the store could be anything anywhere
     try:
-        parts = [os.stat(path), os.stat(path / CONFIG_FILE)]
+        parts = [os.stat(path)]
     except OSError:  # FileNotFoundError, NotADirectoryError, ELOOP, EACCES, ...
         return None
-    try:
-        parts.append(os.stat(path / WEIGHTS_FILE))
-    except OSError:
-        pass  # served as an error: the config says what is missing
-    return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in parts)
+    for name in _WATCHED:
+        try:
+            parts.append(os.stat(path / name))
+        except OSError:
+            parts.append(None)  # served as an error: the config says what is missing
+    if not any(part for name, part in zip(_WATCHED, parts[1:]) if name in ADAPTER_FOLDER.marker_files):
+        return None  # no config of any family: not an adapter folder
+    return tuple(s and (s.st_ino, s.st_mtime_ns, s.st_size) for s in parts)
 
 
 def _inside(link: Path, root: Path) -> bool:

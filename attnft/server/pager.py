@@ -24,13 +24,12 @@ import torch
 from ..core.errors import AttnftError, first_line
 from ..core.parsing import format_bytes
 from ..methods import METHODS
-from ..multitask import server_for
-from ..multitask.base import storage_bytes, tensors_of
+from ..methods.serving import storage_bytes, tensors_of
 from .catalog import BaseKey, StoreCatalog, TaskEntry, UnknownTask
 
 if TYPE_CHECKING:
     from .metrics import ServeMetrics
-    from ..multitask.base import TaskServer
+    from ..methods.serving import TaskServer
 
 logger = logging.getLogger(__name__)
 LOAD_ATTEMPTS = 3  # a folder replaced while it was being loaded is loaded again
@@ -246,7 +245,7 @@ def _create_backbone(key: BaseKey, checkpoint: Optional[str], device: torch.devi
     from ..models import create_model
 
     base = create_model(key.model_name, checkpoint=checkpoint, img_size=key.input_size).eval()
-    server = server_for(METHODS[key.method])(base)
+    server = METHODS[key.method].server(base)
     server.base_fingerprint  # of the float32 weights the adapters were trained on: a bf16 copy hashes to another
     base.to(device=device, dtype=dtype)  # in place: the server's base, now at the serving dtype
     return Backbone(key, server, storage_bytes(tensors_of(base)))

@@ -22,6 +22,7 @@ from ..core.parsing import (  # noqa: F401  re-exported: the config's parsing, o
     TASK_DEFAULT, add_config_arguments, check_split_spec, coerce_fields, config_from_args, from_dict, load_recipe, max_workers,
     option, parse_background, parse_bool,
 )
+from ..methods import spec_help
 from .config_checks import DEFAULT_EMA_DECAY, OPTIMIZERS, PRECISIONS, check_eval_settings, check_finetune_settings
 
 if TYPE_CHECKING:
@@ -110,9 +111,7 @@ class FinetuneConfig:
                               "embeddings are resampled", group=MODEL)
     crop_pct: Optional[float] = _opt(None, "eval centre-crop ratio (default: 1, the whole image, when training "
                                      "never zooms in (--aug none/light); else the model's)", group=MODEL)
-    policy: str = _opt("attn", "what trains: attn, ffn, full, head, edited as in 'attn+norm' or 'attn@8-11' "
-                       "(blocks); or a peft method on the attention modules: lora, ia3, with options as in "
-                       "'lora:r=16,alpha=32' ('lora+ffn' adds the FFN)", metavar="SPEC", group=MODEL)
+    policy: str = _opt("attn", f"what trains: {spec_help()}", metavar="SPEC", group=MODEL)
     new_head: Optional[bool] = _opt(None, "a new classifier (default: when the dataset's classes differ from the "
                                     "base's in number or names; kept when the base's names are unknown)",
                                     group=MODEL)

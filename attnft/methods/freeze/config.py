@@ -12,11 +12,11 @@ from torch import nn
 
 from ...core.checks import FLOAT_DTYPES, MAX_CLASSES, MAX_INPUT_SIDE, Fields
 from ...core.errors import AdapterError, AttnftError
-from ...core.files import ADAPTER_FORMAT, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE  # noqa: F401  (re-exported: the adapter format's files)
+from ...core.files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE  # noqa: F401  (re-exported: the adapter format's files)
 from .policy import Policy
 from ...roles import Region, Role, is_bias, parse_role
 
-FORMAT = ADAPTER_FORMAT
+FORMAT = "attnft-adapter"  # adapter_config.json's "format": what only attnft's own adapters are marked with
 FORMAT_VERSION = 1
 MODES = ("exact", "delta")
 DELTA_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -1,6 +1,6 @@
 """The freezing policies as one registered method (:data:`FREEZE`): ``requires_grad`` by role, the model trains in
 place, and the trained tensors are saved in attnft's own format (:mod:`.config`, :mod:`.save`, :mod:`.read`,
-:mod:`.load`), served many to a base by :class:`attnft.multitask.MultiTaskModel`."""
+`.load`), served many to a base by :class:`.serving.model.MultiTaskModel`."""
 from __future__ import annotations
 
 from typing import Optional
@@ -10,11 +10,13 @@ from torch import nn
 from ...roles import RoleMap
 from ..base import Applied, Method, Tuning, show_fields
 from ..defaults import TrainingDefaults
-from .config import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, Adapter, AdapterConfig
+from ...core.folders import FolderKind, Marker
+from .config import CARD_FILE, CONFIG_FILE, FORMAT, WEIGHTS_FILE, Adapter, AdapterConfig
 from .load import check_fits_base_at_its_size, load_adapter
-from .policy import apply_policy, resolve_policy
+from .policy import BASE_POLICIES, apply_policy, resolve_policy
 from .read import read_adapter, read_config, verify_adapter
 from .save import save_adapter
+from .serving.model import MultiTaskModel
 from .snapshot import BaseSnapshot
 
 
@@ -59,8 +61,15 @@ class Freeze(Method):
 
     name = "freeze"
     format_name = "attnft"
+    specs = f"{', '.join(BASE_POLICIES)}, edited as in 'attn+norm-pos_embed@8-11'"
     files = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE)
-    multitask = "MultiTaskModel"
+    folder = FolderKind("an adapter", required=(CONFIG_FILE, WEIGHTS_FILE), files=files,
+                        markers=(Marker(CONFIG_FILE, FORMAT),))
+    watched = (CONFIG_FILE, WEIGHTS_FILE)
+
+    @property
+    def server(self) -> type:
+        return MultiTaskModel
 
     def parse(self, spec: str) -> FreezeTuning:
         return FreezeTuning(resolve_policy(spec), spec)  # UnknownPolicyError names every family's policies
@@ -89,6 +98,9 @@ class Freeze(Method):
     def load(self, model, source, **kwargs) -> nn.Module:
         load_adapter(model, source, **kwargs)
         return model
+
+    def merged(self, model, source, *, ignore_fingerprint=False) -> AdapterConfig:
+        return load_adapter(model, source, ignore_fingerprint=ignore_fingerprint)  # its tensors are the weights
 
     def describe(self, path) -> dict:
         return read_config(path).to_dict()

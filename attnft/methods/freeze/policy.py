@@ -23,7 +23,6 @@ zeroed, and after every optimizer step they are restored, so weight decay cannot
 """
 from __future__ import annotations
 
-import json
 import re
 import weakref
 from dataclasses import dataclass, field
@@ -36,6 +35,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from ...core.errors import NoAttentionError, UnknownPolicyError
 from ...core.parsing import short
 from ..defaults import TrainingDefaults
+from ..report import CountedByRole, RoleCount
+from ..registry import spec_help
+from ..specs import POLICY_EDIT, check_blocks, parse_blocks
 from ...roles import Region, Role, RoleEntry, RoleMap, build_role_map, parse_role
 
 BASE_POLICIES: dict[str, frozenset[Role]] = {
@@ -44,7 +46,10 @@ BASE_POLICIES: dict[str, frozenset[Role]] = {
     "ffn": frozenset({Role.FFN, Role.HEAD, Role.POS_EMBED}),
     "full": frozenset(Role),
     "head": frozenset({Role.HEAD}),
+    "bitfit": frozenset({Role.HEAD}),  # and every bias (:data:`BASE_BIAS`): BitFit (Ben Zaken et al., 2022)
+    "ln": frozenset({Role.NORM, Role.HEAD}),  # every norm's affine: LayerNorm tuning (the field's "LN")
 }
+BASE_BIAS = {"bitfit": True}  # base policies that train every bias whatever its role
 
 # each base policy's own learning rate (benchmarks/lr_grid.py decided them; an edited policy keeps its base's)
 BASE_DEFAULTS: dict[str, TrainingDefaults] = {
@@ -55,10 +60,10 @@ BASE_DEFAULTS: dict[str, TrainingDefaults] = {
                                    "(defaults_vs_plain)"),
     "head": TrainingDefaults(2e-1, "a linear probe of a frozen backbone (OSU's VTAB best: 1e-2; SSF 5e-3): on lr_grid, "
                                    "4 tasks, 5 epochs, 2e-1 was best on 2 and within 1.0 of the best on the others"),
+    "bitfit": TrainingDefaults(1e-2, "provisional: between head's 2e-1 and the full model's 5e-4, as V-PETL Bench's "
+                                     "AdamW BitFit runs (1e-3 to 1e-2)"),
+    "ln": TrainingDefaults(1e-2, "provisional: as bitfit, a few thousand weights beside the head"),
 }
-
-POLICY_EDIT = re.compile(r"([+-])([A-Za-z_]+)")
-
 
 @dataclass(frozen=True)
 class Policy:
@@ -82,11 +87,10 @@ class Policy:
         base = re.match(r"[A-Za-z_]+", body)
         if base is None or base.group(0) not in BASE_POLICIES:
             raise UnknownPolicyError(
-                f"unknown policy {short(spec, 60)!r}: choose one of {', '.join(BASE_POLICIES)}, optionally edited as in "
-                "'attn+norm-pos_embed@8-11', or a peft method: lora, ia3, as in 'lora:r=16'"
+                f"unknown policy {short(spec, 60)!r}: choose one of {spec_help()}"
             )
         roles = set(BASE_POLICIES[base.group(0)])
-        bias = None
+        bias = BASE_BIAS.get(base.group(0))
         rest = body[base.end():]
         if POLICY_EDIT.sub("", rest):
             raise UnknownPolicyError(f"cannot read policy {short(spec, 60)!r}: edits are +ROLE or -ROLE, e.g. 'attn+norm'")
@@ -130,120 +134,10 @@ class Policy:
         return selected
 
 
-MAX_BLOCK_INDEX = 9_999  # beyond any model: a range past it is refused before it is built
-
-
-def parse_blocks(text: str, spec: str) -> frozenset[int]:
-    """The block indices of ``@BLOCKS`` (``8-11``, ``0,2,4``); each range ordered and within :data:`MAX_BLOCK_INDEX`."""
-    blocks = set()
-    for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d{1,30})\s*(?:-\s*(\d{1,30})\s*)?", part)
-        if m is None:
-            raise UnknownPolicyError(f"cannot read blocks {short(text, 40)!r} in policy {short(spec, 60)!r}: use indices "
-                                     "and ranges like '@8-11' or '@0,2,4'")
-        start, stop = int(m.group(1)), int(m.group(2) or m.group(1))
-        if stop > MAX_BLOCK_INDEX:
-            raise UnknownPolicyError(f"policy {short(spec, 60)!r} names block {stop}: no model has that many blocks")
-        if start > stop:
-            raise UnknownPolicyError(f"policy {short(spec, 60)!r}: the range {start}-{stop} is empty; write it low-high")
-        blocks.update(range(start, stop + 1))
-    return frozenset(blocks)
-
-
-def check_blocks(blocks: Optional[frozenset[int]], num_blocks: int, spec: str, model_name: str = "the model") -> None:
-    """UnknownPolicyError if ``@BLOCKS`` of policy ``spec`` names a block the model does not have."""
-    missing = sorted(b for b in blocks or () if b >= num_blocks)
-    if missing:
-        shown = ", ".join(map(str, missing[:4])) + (" ..." if len(missing) > 4 else "")
-        have = f"0-{num_blocks - 1}" if num_blocks > 1 else "0" if num_blocks == 1 else "none"
-        raise UnknownPolicyError(f"policy {short(spec, 60)!r} names block(s) {shown}, but {model_name} has {num_blocks} "
-                                 f"blocks (indices {have})")
-
-
 def resolve_policy(policy: Union[str, Policy]) -> Policy:
     if not isinstance(policy, (str, Policy)):
         raise UnknownPolicyError(f"a policy is a spec such as 'attn' or a Policy, not {type(policy).__name__}")
     return policy if isinstance(policy, Policy) else Policy.parse(policy)
-
-
-@dataclass
-class RoleCount:
-    role: Role
-    total: int
-    trainable: int
-
-    @property
-    def share(self) -> float:
-        return self.trainable / self.total if self.total else 0.0
-
-
-class CountedByRole:
-    """What freezing and peft reports share: totals, JSON and the table of their per-role ``counts()``
-    (subclasses have ``model_name``, ``policy.name`` and ``role_map``)."""
-
-    def counts(self) -> list[RoleCount]:
-        raise NotImplementedError
-
-    @property
-    def total(self) -> int:
-        return sum(row.total for row in self.counts())
-
-    @property
-    def num_trainable(self) -> int:
-        return sum(row.trainable for row in self.counts())
-
-    @property
-    def trainable_share(self) -> float:
-        return self.num_trainable / self.total if self.total else 0.0
-
-    def counts_dict(self) -> dict:
-        """Model, policy and the per-role counts, the part of ``to_dict`` every report shares."""
-        return {
-            "model": self.model_name,
-            "policy": self.policy.name,
-            "roles": [
-                {"role": row.role.value, "total": row.total, "trainable": row.trainable, "share": round(row.share, 6)}
-                for row in self.counts()
-            ],
-            "total": self.total,
-            "trainable": self.num_trainable,
-            "trainable_share": round(self.trainable_share, 6),
-            "num_blocks": self.role_map.num_blocks,
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    def _where(self) -> dict:
-        """Per role: the blocks it lives in and the top-level tensors or modules outside blocks
-        ('blocks 0-11', 'head, head_dist', 'cls_token, dist_token')."""
-        blocks, outside = {}, {}
-        for entry in self.role_map:
-            if entry.block is not None:
-                blocks.setdefault(entry.role, set()).add(entry.block)
-            else:
-                outside.setdefault(entry.role, {})[self.role_map.top_level(entry.name)] = None
-        where = {}
-        for role in set(blocks) | set(outside):
-            parts = []
-            if role in blocks:
-                low, high = min(blocks[role]), max(blocks[role])
-                parts.append(f"blocks {low}-{high}" if high > low else f"block {low}")
-            names = list(outside.get(role, {}))
-            parts += names[:4] + ([f"+{len(names) - 4} more"] if len(names) > 4 else [])
-            where[role] = ", ".join(parts)
-        return where
-
-    def counts_table(self) -> list[str]:
-        """The header and per-role lines of ``format_table``."""
-        lines = [f"model: {self.model_name}   policy: {self.policy.name}   blocks: {self.role_map.num_blocks}", ""]
-        lines.append(f"{'role':<12} {'params':>14} {'trainable':>14} {'share':>8}   where")
-        where = self._where()
-        for row in self.counts():
-            lines.append(f"{row.role.value:<12} {row.total:>14,} {row.trainable:>14,} {row.share:>8.1%}   "
-                         f"{where.get(row.role, '')}".rstrip())
-        lines.append(f"{'total':<12} {self.total:>14,} {self.num_trainable:>14,} {self.trainable_share:>8.1%}")
-        return lines
 
 
 @dataclass

@@ -17,7 +17,7 @@ from .snapshot import BaseSnapshot, fingerprint_at_start
 from .policy import PolicyReport
 from ..base_model import timm_version
 from .config import CARD_FILE, CONFIG_FILE, DELTA_DTYPES, FORMAT, MODES, WEIGHTS_FILE, AdapterConfig, region_to_json
-from .read import check_finite
+from ..tensors import check_finite
 from ..record import AdapterRecord
 
 

@@ -30,7 +30,11 @@ Layout, as peft lays out a method: :mod:`.spec` (the *what*: options, the peft c
 policy spec), :mod:`.targets` (the *where*: the role map's modules), :mod:`.model` (applying,
 the report, optimizer groups), :mod:`.names` (peft's tensor names), :mod:`.sidecar` (``attnft.json``, read
 without peft), :mod:`.files` (save, verify, load), and :mod:`.method`, the :class:`attnft.methods.Method`
-registered as ``peft``. Several adapters on one base are served by :class:`attnft.multitask.PeftMultiTask`.
+registered as ``peft`` here. Several adapters on one base are served by :class:`.serving.PeftMultiTask`.
 
 Importing this package imports no peft (seconds); :mod:`.model` does.
 """
+from ..registry import register_method
+from .method import PEFT
+
+register_method(PEFT)

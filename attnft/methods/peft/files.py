@@ -22,6 +22,7 @@ from ..record import AdapterRecord
 from ...core.errors import AdapterError, BaseMismatchError
 from ...core.files import ADAPTER_FOLDER, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, sha256_file, write_directory_atomically
 from ..fingerprint import compute_fingerprint
+from ..tensors import check_finite_file, check_num_classes
 from ...roles import is_under
 from .model import PeftReport
 from .sidecar import SIDECAR_FILE, SIDECAR_FORMAT, SIDECAR_VERSION, PeftAdapterInfo, read_peft_adapter
@@ -91,7 +92,8 @@ def save_peft_adapter(
 
 
 def verify_peft_adapter(path: Union[str, os.PathLike]) -> PeftAdapterInfo:
-    """Check a peft adapter folder is whole: weights' size and sha256, peft's config, a tensor for every target."""
+    """Check a peft adapter folder is whole: weights' size and sha256, peft's config, a tensor for every target, the
+    head's rows against the classes, every value finite."""
     info = read_peft_adapter(path)
     weights = info.path / WEIGHTS_FILE
     if weights.stat().st_size != info.weights_bytes or sha256_file(weights) != info.weights_sha256:
@@ -113,6 +115,12 @@ def verify_peft_adapter(path: Union[str, os.PathLike]) -> PeftAdapterInfo:
     missing = [t for t in [*info.targets, *info.head_modules] if not any(is_under(n, t) for n in names)]
     if missing:
         raise AdapterError(f"{weights} holds no tensors for {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    head = {name: shapes[key] for key, name in zip(keys, names) if any(is_under(name, m) for m in info.head_modules)}
+    check_num_classes(head, info.num_classes, str(info.path / SIDECAR_FILE))
+    if info.label_names is not None and len(info.label_names) != info.num_classes:
+        raise AdapterError(f"{info.path / SIDECAR_FILE} has {len(info.label_names)} label names for "
+                           f"{info.num_classes} classes")
+    check_finite_file(weights)
     return info
 
 

@@ -1,6 +1,6 @@
 """peft's methods (LoRA, IA3) as one registered method (:data:`PEFT`): peft wraps the model, only adapter tensors
 and the head copy train, and the adapter is saved in peft's own format with attnft's sidecar (:mod:`.files`,
-:mod:`.sidecar`), served many to a base by :class:`attnft.multitask.PeftMultiTask`.
+:mod:`.sidecar`), served many to a base by :class:`.serving.PeftMultiTask`.
 
 Importing this module imports no peft (seconds): applying, saving, verifying and loading do, through :mod:`.model`
 and :mod:`.files`; telling, listing and reading need the sidecar alone.
@@ -12,15 +12,15 @@ from typing import Optional
 
 from torch import nn
 
-from ...core.errors import AdapterError, ConfigError
+from ...core.errors import ConfigError
 from ...core.files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
-from ...roles import RoleMap, is_under
+from ...core.folders import FolderKind, Marker
+from ...roles import RoleMap
 from ..base import Applied, Method, Tuning, show_fields
 from ..defaults import TrainingDefaults
-from ..freeze.read import check_finite, check_finite_file, check_num_classes, safetensors_header
-from .names import unprefixed
+from ..tensors import check_finite
 from .sidecar import SIDECAR_FILE, SIDECAR_FORMAT, PeftAdapterInfo, is_peft_adapter, read_peft_adapter
-from .spec import PeftPolicy, is_peft_spec
+from .spec import PEFT_METHODS, PeftPolicy, is_peft_spec
 
 
 class PeftApplied(Applied):
@@ -66,9 +66,22 @@ class Peft(Method):
 
     name = "peft"
     format_name = "peft"
+    specs = f"peft's {', '.join(PEFT_METHODS)}, as in 'lora+ffn:r=16'"
     files = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, SIDECAR_FILE)
-    multitask = "PeftMultiTask"
+    folder = FolderKind("an adapter", required=(CONFIG_FILE, WEIGHTS_FILE, SIDECAR_FILE), files=files,
+                        markers=(Marker(SIDECAR_FILE, SIDECAR_FORMAT),))
+    watched = (CONFIG_FILE, WEIGHTS_FILE, SIDECAR_FILE)
+    # peft's additions to a module's state dict: its methods' tensors, and for a module it trains whole (the head)
+    # the trained copy (``original_module`` is the base's own and counts)
+    prefixes = ("lora_", "ia3_", "modules_to_save")
     trains_under_fsdp = False  # not yet: peft's wrapped modules and FSDP's flat parameters are untested together
+    shares_base = False  # peft wraps the base's modules in its own layers
+
+    @property
+    def server(self) -> type:
+        from .serving import PeftMultiTask  # imports peft (seconds): on first use
+
+        return PeftMultiTask
 
     def parse(self, spec: str) -> Optional[PeftTuning]:
         return PeftTuning(PeftPolicy.parse(spec), spec) if isinstance(spec, str) and is_peft_spec(spec) else None
@@ -96,17 +109,7 @@ class Peft(Method):
     def verify(self, path) -> PeftAdapterInfo:
         from .files import verify_peft_adapter  # imports peft
 
-        path = Path(path)
-        info = verify_peft_adapter(path)  # sizes, sha256, peft's config, a tensor per target
-        weights = path / WEIGHTS_FILE
-        shapes = {unprefixed(name): entry["shape"] for name, entry in safetensors_header(weights).items()}
-        head = {name: shape for name, shape in shapes.items() if any(is_under(name, m) for m in info.head_modules)}
-        check_num_classes(head, info.num_classes, str(path / SIDECAR_FILE))
-        if info.label_names is not None and len(info.label_names) != info.num_classes:
-            raise AdapterError(f"{path / SIDECAR_FILE} has {len(info.label_names)} label names for "
-                               f"{info.num_classes} classes")
-        check_finite_file(weights)
-        return info
+        return verify_peft_adapter(path)  # sizes, sha256, peft's config, a tensor per target, classes, finite
 
     def load(self, model, source, **kwargs) -> nn.Module:
         from .files import load_peft_adapter  # imports peft

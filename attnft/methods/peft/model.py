@@ -15,7 +15,7 @@ from torch import nn
 from ..fingerprint import compute_fingerprint
 from ...core.errors import AdapterError, NoAttentionError, UnknownPolicyError
 from ...core.parsing import short
-from ..freeze.policy import CountedByRole, RoleCount
+from ..report import CountedByRole, RoleCount
 from ...roles import Role, RoleMap, build_role_map, module_of
 from .names import unprefixed
 from .spec import PeftPolicy

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import ClassVar, Optional, Union
 
 from ...core.checks import MAX_CLASSES, MAX_INPUT_SIDE, Fields
-from ...core.files import CONFIG_FILE, PEFT_SIDECAR_FORMAT, SIDECAR_FILE, WEIGHTS_FILE
+from ...core.files import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE
 from ...core.errors import AdapterError
 
 PEFT_METHOD_NAMES = ("lora", "ia3")  # attnft.methods.peft.spec.PEFT_METHODS, which imports torch (a test keeps them equal)
 
-SIDECAR_FORMAT = PEFT_SIDECAR_FORMAT
+SIDECAR_FORMAT = "attnft-peft-adapter"  # attnft.json's "format" beside a peft adapter
 SIDECAR_VERSION = 1
 
 
@@ -36,7 +36,7 @@ class PeftAdapterInfo:
     num_classes: Optional[int]
     label_names: Optional[list]
     data_config: dict
-    base_fingerprint: str  # attnft.adapters.compute_fingerprint of the base before training
+    base_fingerprint: str  # attnft.methods.fingerprint.compute_fingerprint of the base before training
     targets: dict  # adapted module name -> role
     head_modules: list  # modules trained whole (peft's modules_to_save)
     trained_params: int

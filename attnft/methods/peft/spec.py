@@ -16,7 +16,7 @@ from torch import nn
 from ...core.errors import UnknownPolicyError
 from ...core.parsing import parse_bool, short
 from ..defaults import TrainingDefaults
-from ..freeze.policy import POLICY_EDIT, parse_blocks
+from ..specs import POLICY_EDIT, parse_blocks
 from ...roles import Role, parse_role
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """One backbone serving several peft adapters, one task per call or per sample.
 
 The peft counterpart of :class:`attnft.multitask.MultiTaskModel`, with the same calls (the
-shared part is :class:`attnft.multitask.base.TaskServer`)::
+shared part is :class:`attnft.methods.serving.TaskServer`)::
 
     model = PeftMultiTask.from_adapters(base, {"cars": "adapters/cars-lora", "pets": "adapters/pets-lora"})
     logits = model(images, task="cars")                      # (B, cars classes)
@@ -20,16 +20,15 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import ModulesToSaveWrapper
 from torch import nn
 
-from ..core.errors import AdapterError
-from ..core.files import CONFIG_FILE, WEIGHTS_FILE
-from ..methods.fingerprint import compute_fingerprint
-from ..methods.peft.method import PEFT
-from ..methods.peft.files import check_base, load_peft_adapter
-from ..methods.peft.sidecar import PeftAdapterInfo
-from ..methods.peft.names import unprefixed
-from ..methods.peft.spec import PEFT_METHODS
-from ..roles import join_name
-from .base import TaskServer
+from ...core.errors import AdapterError
+from ...core.files import CONFIG_FILE, WEIGHTS_FILE
+from ...roles import join_name
+from ..fingerprint import compute_fingerprint
+from ..serving import TaskServer
+from .files import check_base, load_peft_adapter, verify_peft_adapter
+from .names import unprefixed
+from .sidecar import PeftAdapterInfo
+from .spec import PEFT_METHODS
 
 
 class PeftMultiTask(TaskServer[PeftAdapterInfo]):
@@ -73,9 +72,9 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
         """Serve the peft adapter folder ``path`` (or the one its info was read from) as task ``name``;
         BaseMismatchError if it fits another base."""
         self._check_new_task(name)
-        path = PEFT.config(path).path  # a folder, or the info read from one
+        path = path.path if isinstance(path, PeftAdapterInfo) else path  # a folder, or the info read from one
         adapter = f"task{self._next_id}"
-        info = PEFT.verify(path)  # every check `attnft adapters verify` makes: sizes, sha256, classes, finite values
+        info = verify_peft_adapter(path)  # every check `attnft adapters verify` makes: sizes, sha256, classes, finite values
         if _peft_config(info).get("bias", "none") != "none":
             # peft trains biases in the base layer itself, which every task shares
             raise AdapterError(f"task {name!r} trains the base's biases (bias != none): it cannot share a base with other tasks")

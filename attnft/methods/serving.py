@@ -1,18 +1,22 @@
-"""What both multi-task servers share: tasks by name, a default task, and the calls that dispatch.
+"""What every family's multi-task server shares: tasks by name, a default task, and the calls that dispatch; and
+the server of several families on one base.
 
-:class:`attnft.multitask.MultiTaskModel` (attnft adapters, routed attention) and
-:class:`attnft.multitask.peft_model.PeftMultiTask` (peft adapters) differ only in how a
-batch of one task, or of mixed tasks, runs (:meth:`TaskServer._forward`,
-:meth:`TaskServer._forward_mixed`); which task a call serves, and the checks on it, are here.
+Each family's server (``Method.server``: :class:`attnft.multitask.MultiTaskModel` for attnft adapters, routed
+attention; :class:`attnft.multitask.PeftMultiTask` for peft's; ...) differs only in how a batch of one task, or of
+mixed tasks, runs (:meth:`TaskServer._forward`, :meth:`TaskServer._forward_mixed`); which task a call serves, and
+the checks on it, are here. :func:`serve_adapters` picks the server of a set of adapters, and
+:class:`MixedFamilies` serves a set that mixes families.
 """
 from __future__ import annotations
 
-from typing import Generic, Iterable, Optional, Sequence, TypeVar
+import copy
+from typing import Any, Generic, Iterable, Mapping, Optional, Sequence, TypeVar
 
 import torch
 from torch import nn
 
 from ..core.errors import ConfigError
+from .registry import fallback, family_of_task
 
 Task = TypeVar("Task")  # what a server keeps per task; has num_classes and label_names
 
@@ -158,3 +162,98 @@ def storage_bytes(tensors: Iterable[torch.Tensor], seen: Optional[set[int]] = No
             seen.add(key)
             total += storage.nbytes()
     return total
+
+
+# --- several families on one base ------------------------------------------------------------
+
+
+def serve_adapters(base_model: nn.Module, adapters: Mapping[str, Any]) -> TaskServer:
+    """A server of each ``name -> adapter`` (a folder, what a family read from one, or tensors in memory, which the
+    fallback family takes) on ``base_model``: the family's own server when they are of one family, else
+    :class:`MixedFamilies`."""
+    families = {(family_of_task(source) or fallback()) for source in adapters.values()}
+    server = next(iter(families)).server(base_model) if len(families) == 1 else MixedFamilies(base_model)
+    for name, source in adapters.items():
+        server.add_task(name, source)
+    return server
+
+
+def serve_store(store, names: Iterable[str], base_model: nn.Module) -> TaskServer:
+    """:func:`serve_adapters` of the adapters ``names`` of an :class:`attnft.adapters.store.AdapterStore`."""
+    names = list(names)
+    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+        raise TypeError(f"names is a list of adapter names, not {names!r}"[:200])
+    return serve_adapters(base_model, {name: store.folder(name) for name in names})  # StoreError: a name not stored
+
+
+class MixedFamilies(TaskServer[TaskServer]):
+    """Tasks of several method families on one base, each held by its family's server.
+
+    This is the one place where families meet: a batch that mixes them is split by family, each family's server
+    runs its own samples (in one call of its own, mixed-task where it can), and the outputs return in sample order.
+    The servers of families whose modules leave the base as it was when a call is not theirs
+    (``Method.shares_base``) share ``base_model``; a family whose server rewraps the base's modules (peft's) gets its
+    own copy of it.
+    """
+
+    def __init__(self, base_model: nn.Module):
+        super().__init__()
+        self.base = base_model
+        self.servers: dict[str, TaskServer] = {}  # family name -> its server
+
+    def server_of(self, method) -> TaskServer:
+        """The server of ``method``'s tasks, made on first use."""
+        if method.name not in self.servers:
+            base = self.base if method.shares_base else copy.deepcopy(self.base)
+            self.servers[method.name] = method.server(base)
+        return self.servers[method.name]
+
+    def add_task(self, name: str, source) -> None:
+        """Serve task ``name`` from an adapter of any family (as its family's server takes it)."""
+        self._check_new_task(name)
+        server = self.server_of(family_of_task(source) or fallback())
+        server.add_task(name, source)
+        self._tasks[name] = server
+
+    def _release(self, name: str) -> None:
+        self._tasks[name].remove_task(name)
+
+    def num_classes(self, task: str) -> Optional[int]:
+        return self._served(task).num_classes(task)
+
+    def label_names(self, task: str) -> Optional[list]:
+        return self._served(task).label_names(task)
+
+    def base_module(self) -> nn.Module:
+        return self.base
+
+    def _forward(self, x: torch.Tensor, name: str, task: TaskServer) -> torch.Tensor:
+        return task.forward(x, name)
+
+    def _forward_mixed(self, x: torch.Tensor, tasks: list[str], served: dict[str, TaskServer]) -> list[torch.Tensor]:
+        """Split by family: each family's server runs its samples once, their outputs go back to sample order."""
+        by_server: dict[int, list[int]] = {}
+        for i, name in enumerate(tasks):
+            by_server.setdefault(id(served[name]), []).append(i)
+        outputs: list[Optional[torch.Tensor]] = [None] * len(tasks)
+        for indices in by_server.values():
+            server = served[tasks[indices[0]]]
+            rows = server.forward_mixed(x[torch.tensor(indices, device=x.device)], [tasks[i] for i in indices])
+            for i, row in zip(indices, rows):
+                outputs[i] = row
+        return outputs
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes of tensor storage held: ``shared`` (the base, and the copies of it some families hold), each task's
+        own, and ``total``."""
+        seen: set[int] = set()
+        usage = {"shared": storage_bytes(tensors_of(self.base), seen)}
+        for server in self.servers.values():
+            if server.base_module() is not self.base:
+                usage["shared"] += storage_bytes(tensors_of(server.base_module()), seen)
+            usage.update((k, v) for k, v in server.memory_bytes().items() if k not in ("shared", "total"))
+        usage["total"] = sum(usage.values())
+        return usage
+
+    def __repr__(self) -> str:
+        return f"MixedFamilies({', '.join(self.servers)}, tasks={self.tasks})"

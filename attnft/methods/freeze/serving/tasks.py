@@ -14,10 +14,10 @@ from typing import Mapping, Optional
 import torch
 from torch import nn
 
-from ..adapters import Adapter
-from ..core.errors import AdapterError
-from ..methods.freeze.policy import PolicyReport
-from ..roles import Role, RoleMap, is_weight, split_first
+from ..config import Adapter
+from ....core.errors import AdapterError
+from ..policy import PolicyReport
+from ....roles import Role, RoleMap, is_weight, split_first
 from .slots import Slot, SlotKind, SlotMap
 
 
@@ -40,7 +40,7 @@ class TaskWeights:
 
     @classmethod
     def from_adapter(cls, adapter: Adapter, base_model: nn.Module) -> "TaskWeights":
-        """The trained values of an :class:`attnft.adapters.Adapter` (deltas resolved against ``base_model``)."""
+        """The trained values of an :class:`attnft.methods.freeze.config.Adapter` (deltas resolved against ``base_model``)."""
         split = [name for name, region in adapter.regions.items() if region is not None]
         if split:
             raise AdapterError(f"{split[0]} trains only part of a fused tensor: such a model cannot share its FFN across tasks")
@@ -118,9 +118,14 @@ def clone_with(module: nn.Module, tensors: Mapping[str, torch.Tensor]) -> nn.Mod
     """A new object tree for ``module`` holding ``tensors`` (names relative to it) and sharing the rest.
 
     Only modules on the path to a replaced tensor are new objects; their other parameters,
-    their buffers, their hooks and every untouched child are the base's own objects.
+    their buffers, their hooks and every untouched child are the base's own objects. A new object's hooks are those
+    of its module when cloned, in a dict of its own: hooks another family adds to the base later (with tensors the
+    clone does not hold) do not reach it.
     """
     clone = copy.copy(module)  # shallow: attribute values are shared, the three dicts below too
+    for key, value in list(vars(clone).items()):
+        if key.startswith(("_forward_", "_backward_")) and isinstance(value, dict):
+            clone.__dict__[key] = type(value)(value)
     own: dict[str, torch.Tensor] = {}
     children: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():

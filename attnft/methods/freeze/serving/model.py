@@ -7,10 +7,9 @@ Example::
     logits = model(images, task="cars")                      # (B, cars classes)
     outputs = model(images, tasks=["cars", "pets", "cars"])  # list: one (classes of its task,) tensor per sample
 
-peft adapters (``lora``, ``ia3`` policies) are served by
-:class:`attnft.multitask.peft_model.PeftMultiTask`, which has the same calls (both are a
-:class:`attnft.multitask.base.TaskServer`): ``from_store`` and ``from_adapters`` return one
-when every task is a peft adapter. One base serves one format; a set mixing the two is refused.
+Adapters of other families are served by their own multi-task model, which has the same calls (each is a
+:class:`attnft.methods.serving.TaskServer`): ``from_store`` and ``from_adapters`` return that family's when every
+task is of it, and a :class:`attnft.methods.serving.MixedFamilies` when they mix families.
 
 Threads. A forward call (``model(x, task=...)``, ``model(x, tasks=...)``, and ``model(x)``
 after ``set_task``) mutates nothing shared: the task of a call is resolved once when it
@@ -23,25 +22,22 @@ a process-wide default: threads that serve different tasks should pass ``task=``
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Union
+from typing import Iterable, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
-from ..methods.base_model import current_input_size
-from ..methods.freeze.config import Adapter
-from ..methods.fingerprint import compute_fingerprint
-from ..core.errors import AdapterError, BaseMismatchError
-from ..methods import Method, method_of
-from ..roles import RoleMap, build_role_map
-from . import routing, server_for
+from ....core.errors import AdapterError, BaseMismatchError
+from ....roles import RoleMap, build_role_map
+from ...base_model import current_input_size
+from ...fingerprint import compute_fingerprint
+from ...registry import family_of_task
+from ...serving import TaskServer, serve_adapters, serve_store, storage_bytes, tensors_of
+from ..config import Adapter
+from . import routing
 from .routing import Group, Route
-from .base import TaskServer, storage_bytes, tensors_of
 from .slots import SlotMap, find_slots
 from .tasks import ServedTask, TaskWeights, build_served_task
-
-if TYPE_CHECKING:
-    from .peft_model import PeftMultiTask
 
 TaskSource = Union[TaskWeights, Adapter, str, os.PathLike, Mapping[str, torch.Tensor]]
 
@@ -51,7 +47,7 @@ class MultiTaskModel(TaskServer[ServedTask]):
     embedding and head per task.
 
     Takes over ``base_model``: puts it in eval mode, freezes it and routes its attention, head
-    and position tensors (see :mod:`attnft.multitask.routing`); without a task it still
+    and position tensors (see :mod:`.routing`); without a task it still
     computes the base's own outputs. Inference only: every call runs under
     ``torch.inference_mode()``. Tensors of added tasks move to the base's device and dtype.
     """
@@ -67,37 +63,21 @@ class MultiTaskModel(TaskServer[ServedTask]):
     # --- building -----------------------------------------------------------------------
 
     @classmethod
-    def from_adapters(cls, base_model: nn.Module, adapters: Mapping[str, TaskSource]) -> Union["MultiTaskModel", "PeftMultiTask"]:
-        """Serve each ``name -> adapter`` (an Adapter, an adapter folder, or TaskWeights) on ``base_model``.
-
-        When the adapters are another family's (peft's: folders, or their PeftAdapterInfo), the multi-task model
-        of that family serves them (:class:`attnft.multitask.peft_model.PeftMultiTask`); a mix of families is an
-        AdapterError.
-        """
-        server = _server_of(adapters)
-        if not issubclass(cls, server):
-            return server.from_adapters(base_model, adapters)
-        model = cls(base_model)
-        for name, source in adapters.items():
-            model.add_task(name, source)
-        return model
+    def from_adapters(cls, base_model: nn.Module, adapters: Mapping[str, TaskSource]) -> TaskServer:
+        """Serve each ``name -> adapter`` (an Adapter, an adapter folder, or TaskWeights) on ``base_model``: this
+        model when all are attnft's, else the model of their family, or one of several families
+        (:func:`attnft.methods.serving.serve_adapters`)."""
+        return serve_adapters(base_model, adapters)
 
     @classmethod
-    def from_store(cls, store, names: Iterable[str], *, base_model: nn.Module) -> Union["MultiTaskModel", "PeftMultiTask"]:
-        """Serve the adapters ``names`` of an :class:`attnft.adapters.store.AdapterStore` on ``base_model``.
-
-        When they are another family's (peft's), the multi-task model of that family (same calls) serves them;
-        a mix of families is an AdapterError.
-        """
-        names = list(names)
-        server = _server_of({name: store.folder(name) for name in names})  # StoreError for a name not stored
-        if not issubclass(cls, server):
-            return server.from_store(store, names, base_model=base_model)
-        return cls.from_adapters(base_model, {name: store.read(name) for name in names})
+    def from_store(cls, store, names: Iterable[str], *, base_model: nn.Module) -> TaskServer:
+        """Serve the adapters ``names`` of an :class:`attnft.adapters.store.AdapterStore` on ``base_model``, as
+        :meth:`from_adapters` does."""
+        return serve_store(store, names, base_model)
 
     @property
     def base_fingerprint(self) -> str:
-        """The base's :func:`attnft.adapters.compute_fingerprint`, computed once."""
+        """The base's :func:`attnft.methods.fingerprint.compute_fingerprint`, computed once."""
         if self._fingerprint is None:
             self._fingerprint = compute_fingerprint(self.base, self.role_map)
         return self._fingerprint
@@ -120,12 +100,11 @@ class MultiTaskModel(TaskServer[ServedTask]):
     def _task_weights(self, name: str, source: TaskSource) -> TaskWeights:
         if isinstance(source, TaskWeights):
             return source
-        method = _method_of_task(source)
-        if method is not None and not isinstance(self, server_for(method)):
+        method = family_of_task(source)
+        if method is not None and not isinstance(self, method.server):
             raise AdapterError(
-                f"task {name!r} is a {method.format_name} adapter and this model serves attnft adapters: serve "
-                f"{method.format_name} adapters on their own base ({method.multitask}, or from_store / from_adapters "
-                "with them only)"
+                f"task {name!r} is a {method.format_name} adapter and this model serves attnft adapters: serve it with "
+                f"{method.server.__name__}, or serve them together with MultiTaskModel.from_store / from_adapters"
             )
         if method is not None:  # an adapter folder, or the adapter read from one
             adapter = method.read(source) if isinstance(source, (str, os.PathLike)) else source
@@ -191,26 +170,3 @@ class MultiTaskModel(TaskServer[ServedTask]):
 
     def __repr__(self) -> str:
         return f"MultiTaskModel({self.role_map.model_name}, tasks={self.tasks}, default={self._default!r})"
-
-
-def _method_of_task(source) -> Optional[Method]:
-    """The family of a task's adapter (a folder, or what a family read from one); None for tensors in memory
-    (TaskWeights, a name -> tensor dict), which MultiTaskModel takes as they are."""
-    if isinstance(source, (str, os.PathLike)) or hasattr(source, "method_name"):
-        return method_of(source)
-    return None
-
-
-def _server_of(adapters: Mapping[str, TaskSource]) -> type:
-    """The multi-task model that serves every one of ``adapters``; AdapterError for a mix of families.
-
-    One base serves one family: attnft's routing swaps the classes of the attention and head modules, peft wraps
-    the same modules; the two cannot share them."""
-    by_server: dict[type, list[str]] = {}
-    for name, source in adapters.items():
-        method = _method_of_task(source)
-        by_server.setdefault(MultiTaskModel if method is None else server_for(method), []).append(name)
-    if len(by_server) > 1:
-        groups = " and ".join(f"{', '.join(names)} for {server.__name__}" for server, names in by_server.items())
-        raise AdapterError(f"tasks {groups}: one base serves one format; serve each format on its own copy of the base")
-    return next(iter(by_server), MultiTaskModel)

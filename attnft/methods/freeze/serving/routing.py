@@ -29,7 +29,7 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import nn
 
-from ..core.errors import ConfigError
+from ....core.errors import ConfigError
 from .slots import Slot, SlotKind, SlotMap
 from .tasks import ServedTask
 

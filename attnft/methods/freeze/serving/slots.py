@@ -14,8 +14,8 @@ from typing import Optional
 
 from torch import nn
 
-from ..core.errors import AdapterError, ConfigError, NoAttentionError
-from ..roles import Role, RoleMap, split_last
+from ....core.errors import AdapterError, ConfigError, NoAttentionError
+from ....roles import Role, RoleMap, split_last
 
 
 class SlotKind(str, Enum):
