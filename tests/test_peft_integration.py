@@ -16,7 +16,7 @@ from attnft.methods.freeze.config import AdapterConfig
 from attnft.methods.freeze.snapshot import BaseSnapshot
 from attnft.cli import main
 from attnft.core.errors import AdapterError, StoreError, UnknownPolicyError
-from attnft.multitask import MultiTaskModel
+from attnft.multitask import MixedFamilies, MultiTaskModel
 from attnft.methods.peft.sidecar import PeftAdapterInfo, is_peft_adapter
 from attnft.multitask import PeftMultiTask
 from attnft.methods.peft.model import apply_peft_policy
@@ -259,15 +259,18 @@ def test_from_store_of_attnft_adapters_is_still_a_multitask_model(store, trained
     assert isinstance(served, MultiTaskModel) and served.tasks == [ATTNFT_TASK]
 
 
-def test_mixing_formats_on_one_base_is_refused_before_the_base_is_touched(store, trained):
+def test_formats_mixed_on_one_base_are_served_in_one_call_each_sample_as_its_task_alone(store, trained):
     base = copy.deepcopy(trained[0])
-    base_class = type(base.blocks[0].attn)
-    with pytest.raises(AdapterError, match="one base serves one format") as error:
-        MultiTaskModel.from_store(store, ["cars-lora", ATTNFT_TASK], base_model=base)
-    assert "cars-lora" in str(error.value) and ATTNFT_TASK in str(error.value)
-    with pytest.raises(AdapterError, match="one base serves one format"):
-        MultiTaskModel.from_adapters(base, {"a": store.path(ATTNFT_TASK), "b": store.path("cars-lora")})
-    assert type(base.blocks[0].attn) is base_class and not isinstance(base, PeftModel)
+    served = MultiTaskModel.from_store(store, ["cars-lora", ATTNFT_TASK], base_model=base)
+    assert isinstance(served, MixedFamilies) and set(served.servers) == {"peft", "freeze"}
+    assert not isinstance(base, PeftModel) and not any(isinstance(m, PeftModel) for m in base.modules())  # a copy
+    x = tiny_input(base, batch=4)
+    tasks = ["cars-lora", ATTNFT_TASK, ATTNFT_TASK, "cars-lora"]
+    together = served(x, tasks=tasks)
+    for name in ("cars-lora", ATTNFT_TASK):
+        alone = MultiTaskModel.from_store(store, [name], base_model=copy.deepcopy(trained[0]))(x, task=name)
+        for i in (i for i, t in enumerate(tasks) if t == name):
+            torch.testing.assert_close(together[i], alone[i], atol=1e-5, rtol=0)
 
 
 def test_a_peft_adapter_cannot_join_attnft_tasks(store, trained):
@@ -307,9 +310,13 @@ def test_policies_with_a_bad_peft_option_is_a_one_line_error(capsys):
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "rank=4" in err
 
 
-def test_the_unknown_policy_message_names_every_peft_method():
+def test_the_unknown_policy_message_names_every_family_s_specs():
+    from attnft.methods import METHODS, parse_method
+
     with pytest.raises(UnknownPolicyError) as error:
-        Policy.parse("nope")
+        parse_method("nope")
     assert "choose one of attn, ffn, full, head" in str(error.value)
-    for method in PEFT_METHODS:
-        assert method in str(error.value)
+    for name in [*PEFT_METHODS, *(m.name for m in METHODS.values() if m.name not in ("peft", "freeze"))]:
+        assert name in str(error.value)
+    with pytest.raises(UnknownPolicyError, match="choose one of attn, ffn, full, head, bitfit, ln, optionally"):
+        Policy.parse("nope")  # the freezing policies alone: theirs

@@ -18,6 +18,10 @@ class UnknownPolicyError(AttnftError):
     """The policy name or a role in a policy spec is not known."""
 
 
+class UnknownSpecName(UnknownPolicyError):
+    """No family knows a spec's name (the fallback family raises it; the registry names every family's specs)."""
+
+
 class NoAttentionError(AttnftError):
     """The model has no attention weights, so attention policies make no sense."""
 

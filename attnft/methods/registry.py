@@ -11,7 +11,8 @@ import os
 from importlib.metadata import entry_points
 from typing import Optional, Union
 
-from ..core.errors import ConfigError, UnknownPolicyError
+from ..core.errors import ConfigError, UnknownPolicyError, UnknownSpecName
+from ..core.parsing import short
 from ..core.folders import register_adapter_folder
 from ..roles import register_tensor_prefixes, tensor_prefix_owner
 from .base import Method, Tuning
@@ -56,9 +57,10 @@ def register_method(method: Method, *, fallback: bool = False) -> Method:
 
 
 def spec_help() -> str:
-    """Every family's specs in a few words, for help texts and errors: "attn, ffn, ...; or peft's lora, ia3 ..."."""
+    """Every family's specs in a few words, for help texts and errors: "attn, ffn, ... (edited as in ...), lora, ia3
+    (peft's, ...), ..."."""
     ordered = _FALLBACK + [method for method in METHODS.values() if method not in _FALLBACK]
-    return "; or ".join(method.specs for method in ordered)
+    return ", ".join(method.specs for method in ordered)
 
 
 MAX_SPEC_LENGTH = 256
@@ -72,10 +74,13 @@ def parse_method(spec: str) -> Tuning:
     if isinstance(spec, str) and len(spec) > MAX_SPEC_LENGTH:  # it is stored in every adapter and printed in reports
         raise UnknownPolicyError(f"policy spec of {len(spec):,} characters: a spec is at most {MAX_SPEC_LENGTH}, "
                                  "e.g. 'attn+norm@8-11' or 'lora+ffn:r=16,alpha=32'")
-    for method in METHODS.values():
-        tuning = method.parse(spec)
-        if tuning is not None:
-            return tuning
+    try:
+        for method in METHODS.values():
+            tuning = method.parse(spec)
+            if tuning is not None:
+                return tuning
+    except UnknownSpecName:  # the fallback knows the name of none of its specs: say every family's
+        raise UnknownPolicyError(f"unknown policy {short(spec, 60)!r}: choose one of {spec_help()}") from None
     raise UnknownPolicyError(f"unknown policy {spec!r}")  # not reached: the last family refuses what it cannot parse
 
 

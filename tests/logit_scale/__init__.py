@@ -29,13 +29,15 @@ class Options:
 
 
 def _scale_hook(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor:
+    if PARAM not in module._parameters:  # a copy of the head without the gains (another family's task): not ours
+        return output
     return output * pick(getattr(module, PARAM), LogitScale.name)
 
 
 class LogitScale(AddedMethod):
     name = "logitscale"
     format_name = "logitscale"
-    specs = "logitscale, as in 'logitscale:init=1.5'"
+    specs = "logitscale"
     prefixes = ("logitscale_",)
     options_cls = Options
     training_defaults = TrainingDefaults(1e-2, "a test family's rate")

@@ -17,7 +17,7 @@ from . import layers
 class AdaptFormerMethod(AddedMethod):
     name = "adaptformer"
     format_name = "adaptformer"
-    specs = "adaptformer, as in 'adaptformer:dim=64,scale=0.1'"
+    specs = "adaptformer (as in 'adaptformer:dim=32')"
     prefixes = (layers.PREFIX,)
     options_cls = layers.Options
     training_defaults = TrainingDefaults(5e-3, "provisional: the authors' and V-PETL Bench's AdamW rates for "

@@ -61,7 +61,7 @@ class Freeze(Method):
 
     name = "freeze"
     format_name = "attnft"
-    specs = f"{', '.join(BASE_POLICIES)}, edited as in 'attn+norm-pos_embed@8-11'"
+    specs = f"{', '.join(BASE_POLICIES)} (edited as in 'attn+norm-pos_embed@8-11')"
     files = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE)
     folder = FolderKind("an adapter", required=(CONFIG_FILE, WEIGHTS_FILE), files=files,
                         markers=(Marker(CONFIG_FILE, FORMAT),))

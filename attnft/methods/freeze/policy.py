@@ -32,11 +32,10 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ...core.errors import NoAttentionError, UnknownPolicyError
+from ...core.errors import NoAttentionError, UnknownPolicyError, UnknownSpecName
 from ...core.parsing import short
 from ..defaults import TrainingDefaults
 from ..report import CountedByRole, RoleCount
-from ..registry import spec_help
 from ..specs import POLICY_EDIT, check_blocks, parse_blocks
 from ...roles import Region, Role, RoleEntry, RoleMap, build_role_map, parse_role
 
@@ -86,8 +85,9 @@ class Policy:
         body, _, block_spec = spec.partition("@")
         base = re.match(r"[A-Za-z_]+", body)
         if base is None or base.group(0) not in BASE_POLICIES:
-            raise UnknownPolicyError(
-                f"unknown policy {short(spec, 60)!r}: choose one of {spec_help()}"
+            raise UnknownSpecName(
+                f"unknown policy {short(spec, 60)!r}: choose one of {', '.join(BASE_POLICIES)}, optionally edited as in "
+                "'attn+norm-pos_embed@8-11'"
             )
         roles = set(BASE_POLICIES[base.group(0)])
         bias = BASE_BIAS.get(base.group(0))

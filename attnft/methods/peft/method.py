@@ -66,7 +66,7 @@ class Peft(Method):
 
     name = "peft"
     format_name = "peft"
-    specs = f"peft's {', '.join(PEFT_METHODS)}, as in 'lora+ffn:r=16'"
+    specs = f"{', '.join(PEFT_METHODS)} (peft's, as in 'lora+ffn:r=16')"
     files = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, SIDECAR_FILE)
     folder = FolderKind("an adapter", required=(CONFIG_FILE, WEIGHTS_FILE, SIDECAR_FILE), files=files,
                         markers=(Marker(SIDECAR_FILE, SIDECAR_FORMAT),))

@@ -148,7 +148,12 @@ def add(model: nn.Module, options: Options = Options(), tasks: int = 1) -> list[
 
 
 def _scale_shift(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
-    """``out * scale + shift`` per channel: the last dimension, or dimension 1 of a convolution's NCHW output."""
+    """``out * scale + shift`` per channel: the last dimension, or dimension 1 of a convolution's NCHW output.
+
+    A copy of the module that holds no SSF tensors (another family's task clone on a shared base, which shares the
+    module's hooks but not its parameters) is not SSF's: its output passes unchanged."""
+    if SCALE not in module._parameters:
+        return out
     scale, shift = pick(getattr(module, SCALE), FAMILY), pick(getattr(module, SHIFT), FAMILY)  # [1 or B, C]
     if isinstance(module, nn.Conv2d):
         shape = (scale.shape[0], -1) + (1,) * (out.dim() - 2)

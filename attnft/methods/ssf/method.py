@@ -15,7 +15,7 @@ from . import layers
 class SsfMethod(AddedMethod):
     name = "ssf"
     format_name = "ssf"
-    specs = "ssf (a scale and shift after every op)"
+    specs = "ssf"
     prefixes = (layers.PREFIX,)
     options_cls = layers.Options
     # the authors' VTAB scripts (dongzelian/SSF train_scripts): AdamW, 5e-3 to 1e-2 at batch 32, 10 warmup epochs

@@ -17,7 +17,7 @@ from . import layers
 class VptMethod(AddedMethod):
     name = "vpt"
     format_name = "vpt"
-    specs = "vpt, as in 'vpt:tokens=50,deep=false'"
+    specs = "vpt (as in 'vpt:tokens=50,deep=false')"
     prefixes = (layers.PREFIX,)
     options_cls = layers.Options
     training_defaults = TrainingDefaults(1e-2, "provisional: V-PETL Bench / OSU's AdamW range for prompts (1e-3 to "

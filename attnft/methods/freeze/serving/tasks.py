@@ -118,14 +118,10 @@ def clone_with(module: nn.Module, tensors: Mapping[str, torch.Tensor]) -> nn.Mod
     """A new object tree for ``module`` holding ``tensors`` (names relative to it) and sharing the rest.
 
     Only modules on the path to a replaced tensor are new objects; their other parameters,
-    their buffers, their hooks and every untouched child are the base's own objects. A new object's hooks are those
-    of its module when cloned, in a dict of its own: hooks another family adds to the base later (with tensors the
-    clone does not hold) do not reach it.
+    their buffers, their hooks and every untouched child are the base's own objects (so a hook added to the base
+    later reaches the tasks too; one that another family adds with tensors of its own finds none here, and passes).
     """
     clone = copy.copy(module)  # shallow: attribute values are shared, the three dicts below too
-    for key, value in list(vars(clone).items()):
-        if key.startswith(("_forward_", "_backward_")) and isinstance(value, dict):
-            clone.__dict__[key] = type(value)(value)
     own: dict[str, torch.Tensor] = {}
     children: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
