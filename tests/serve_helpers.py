@@ -34,9 +34,9 @@ REQUEST_TIMEOUT_S = 60
 # --- the store ---------------------------------------------------------------------------------
 
 
-def save_attn_adapter(store, name, num_classes, seed, *, img_size=None, overwrite=False):
-    """A fine-tuned-looking attention adapter: the base's attention, head and pos_embed moved by seeded noise."""
-    model = create_model(BASE, img_size=img_size)
+def save_attn_adapter(store, name, num_classes, seed, *, img_size=None, overwrite=False, base=BASE):
+    """A fine-tuned-looking attention adapter of ``base``: its attention, head and pos_embed moved by seeded noise."""
+    model = create_model(base, img_size=img_size)
     model.reset_classifier(num_classes)
     report = apply_policy(model, "attn")
     snapshot = BaseSnapshot.capture(model, report)
@@ -187,6 +187,14 @@ class Server:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
 
 
 def assert_equal_to_offline(answer: dict, expected: torch.Tensor) -> None:
