@@ -102,7 +102,7 @@ def png_header(width: int, height: int) -> bytes:
 # --- a server process ------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: SIGTERM when the test process dies, so no server outlives a killed test run (Linux)."""
     try:
         import ctypes
@@ -121,7 +121,7 @@ class Server:
         with open(f"{self.log}.out", "w") as out, open(f"{self.log}.err", "w") as err:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "attnft", "serve", "--store", str(store.root), "--port", "0", *args],
-                stdout=out, stderr=err, env=env, cwd=tmp_path, preexec_fn=_die_with_parent,
+                stdout=out, stderr=err, env=env, cwd=tmp_path, preexec_fn=die_with_parent,
             )
         self.url = self._wait_for_url()
         self.client = httpx.Client(base_url=self.url, timeout=REQUEST_TIMEOUT_S)

@@ -5,13 +5,23 @@ The store holds a 28 px task of the bundled ``vit_fmnist_patch4_28`` and a 224 p
 (a 7x7 grid at 224 px: a forward pass costs what the 28 px one does).
 """
 import io
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 from PIL import Image
 
 from attnft.adapters.store import AdapterStore
 from attnft.bundled import BUNDLED_MODEL_224
-from serve_helpers import Server, peak_rss_mb, png, save_attn_adapter
+from serve_helpers import (
+    REQUEST_TIMEOUT_S, ROOT, START_TIMEOUT_S, Server, die_with_parent, peak_rss_mb, png, save_attn_adapter,
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,3 +57,62 @@ def test_a_100000x1_and_a_1x100000_png_cost_the_server_their_source_and_output_n
             response = server.classify(task, data)
             assert response.status_code == 200, response.text
     assert peak_rss_mb(server.process.pid) - before < 50
+
+
+# --- start-up and shutdown of the process ----------------------------------------------------------------------
+
+
+class _Started:
+    """``attnft serve`` with its stdout on a pipe, read line by line as it is printed: the moment it names its URL."""
+
+    def __init__(self, store, tmp_path, *args):
+        self.err = tmp_path / f"serve-{time.monotonic_ns()}.err"
+        with open(self.err, "w") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "attnft", "serve", "--store", str(store.root), "--port", "0", *args],
+                stdout=subprocess.PIPE, stderr=err, env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
+                cwd=tmp_path, preexec_fn=die_with_parent,
+            )
+        self.url = self._read_url()
+
+    def _read_url(self) -> str:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not selector.select(timeout=1):
+                    continue
+                line = self.process.stdout.readline().decode()
+                match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+                if match:
+                    return match.group(0)
+                if not line:
+                    break
+        self.process.kill()
+        raise AssertionError(f"no URL printed:\n{self.err.read_text()[-3000:]}")
+
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def stop(self, timeout: float = REQUEST_TIMEOUT_S) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            self.process.stdout.close()
+
+
+def test_the_url_is_printed_once_the_socket_listens(store, tmp_path):
+    """A client (a supervisor, a test) that connects as soon as it reads the URL is answered, never refused."""
+    for _ in range(2):  # before, refused every time
+        started = _Started(store, tmp_path, "--tasks", "shirts")
+        try:
+            with socket.create_connection(("127.0.0.1", started.port()), timeout=10) as sock:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        finally:
+            assert started.stop() == 0
