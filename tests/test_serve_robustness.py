@@ -116,3 +116,21 @@ def test_the_url_is_printed_once_the_socket_listens(store, tmp_path):
                 assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         finally:
             assert started.stop() == 0
+
+
+def test_sigterm_while_a_body_is_half_sent_stops_in_a_line_or_two_and_answers_503(store, tmp_path):
+    """uvicorn cancels what still runs when --graceful-timeout ends: the request waiting for the rest of its body
+    used to die with a CancelledError's 50-line traceback; now the client gets 503 and the log one line."""
+    with Server(store, tmp_path, "--tasks", "shirts", "--graceful-timeout", "1", "--body-timeout", "600") as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /v1/tasks/shirts/classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                         b"Content-Length: 5000\r\n\r\n" + png(3)[:100])
+            time.sleep(0.5)
+            server.process.send_signal(signal.SIGTERM)
+            assert server.process.wait(timeout=30) == 0
+            reply = sock.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 503") and b'"kind":"stopped"' in reply, reply
+        err = server.stderr()
+        assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+        assert err.strip().endswith("attnft serve: stopped (SIGTERM)")

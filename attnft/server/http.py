@@ -11,7 +11,8 @@ The event loop parses, looks the task up (a few stats of its folder) and awaits:
 preprocessing run in the service's thread pool, the model in its own thread
 (:mod:`attnft.server.batcher`). Every
 refusal is JSON ``{"error": one line, "kind": ...}`` with a 4xx status, or 503 (full queue,
-with ``Retry-After``; an adapter that cannot be served); nothing a client sends stops the server.
+with ``Retry-After``; an adapter that cannot be served; a request still running when a stop's
+``--graceful-timeout`` ends); nothing a client sends stops the server.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartParser
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -61,7 +63,37 @@ def create_app(service: "Service") -> Starlette:
         Route("/metrics", functools.partial(metrics, service), methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _internal_error}
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
+                     middleware=[Middleware(EndsAtShutdown)])
+
+
+class EndsAtShutdown:
+    """ASGI middleware: a request still running when ``--graceful-timeout`` ends (a body that never finishes
+    arriving, say) is cancelled by uvicorn, which would log the CancelledError's 50-line traceback as an error of
+    the app. It answers 503 instead, if nothing was sent yet, and ends: uvicorn's one line says how many it cancelled.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        started = False
+
+        async def tracked(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if scope["type"] != "http":
+                raise
+            asyncio.current_task().uncancel()  # ending is what the cancel asked for: this request ends here
+            if not started:
+                response = JSONResponse({"error": "the server stopped before this request finished", "kind": "stopped"},
+                                        status_code=503, headers={"connection": "close"})
+                await response(scope, receive, send)
 
 
 async def classify(service: "Service", request: Request) -> Response:
