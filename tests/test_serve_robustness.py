@@ -8,6 +8,7 @@ import io
 import os
 import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -134,3 +135,27 @@ def test_sigterm_while_a_body_is_half_sent_stops_in_a_line_or_two_and_answers_50
         err = server.stderr()
         assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
         assert err.strip().endswith("attnft serve: stopped (SIGTERM)")
+
+
+# --- the store ----------------------------------------------------------------------------------------------
+
+
+def test_a_store_replaced_by_a_file_answers_503_in_one_line_and_serves_again_once_it_is_back(store, tmp_path):
+    local = AdapterStore(tmp_path / "store")
+    shutil.copytree(store.path("shirts"), local.path("shirts"))
+    with Server(local, tmp_path) as server:
+        assert server.classify("shirts", png(1)).status_code == 200
+        aside = tmp_path / "aside"
+        local.root.rename(aside)
+        local.root.write_text("not a store")
+        for response in (server.classify("shirts", png(2)), server.classify("nope", png(2)),
+                         server.client.get("/v1/tasks")):
+            assert response.status_code == 503, response.text
+            body = response.json()
+            assert body["kind"] == "store_unavailable" and "is a file, not a folder" in body["error"]
+            assert "\n" not in body["error"]
+        local.root.unlink()
+        aside.rename(local.root)
+        assert server.classify("shirts", png(3)).status_code == 200
+        assert [task["name"] for task in server.client.get("/v1/tasks").json()["tasks"]] == ["shirts"]
+        assert "Traceback" not in server.stderr()

@@ -9,10 +9,10 @@
 
 The event loop parses, looks the task up (a few stats of its folder) and awaits: decoding and
 preprocessing run in the service's thread pool, the model in its own thread
-(:mod:`attnft.server.batcher`). Every
-refusal is JSON ``{"error": one line, "kind": ...}`` with a 4xx status, or 503 (full queue,
-with ``Retry-After``; an adapter that cannot be served; a request still running when a stop's
-``--graceful-timeout`` ends); nothing a client sends stops the server.
+(:mod:`attnft.server.batcher`). Every refusal is JSON ``{"error": one line, "kind": ...}`` with a 4xx
+status, or 503 (full queue, with ``Retry-After``; an adapter that cannot be served; a store whose folder
+became a file; a request still running when a stop's ``--graceful-timeout`` ends); nothing a client sends
+stops the server.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from ..core.errors import first_line
 from .batcher import Answer, Job
-from .catalog import TaskEntry, UnknownTask
+from .catalog import StoreUnavailable, TaskEntry, UnknownTask
 from .inputs import RequestError, check_top_k, parse_json_body
 
 if TYPE_CHECKING:
@@ -113,6 +113,8 @@ async def classify(service: "Service", request: Request) -> Response:
         service.metrics.images.labels(task_label).inc(len(images))
     except UnknownTask as e:
         response = _refuse(service, RequestError(404, "unknown_task", str(e)))
+    except StoreUnavailable as e:
+        response = _refuse(service, _store_unavailable(e))
     except RequestError as e:
         response = _refuse(service, e)
     service.metrics.requests.labels(task_label, str(response.status_code)).inc()
@@ -231,8 +233,16 @@ async def _parse_multipart(request: Request, body: bytes, max_files: int) -> tup
 
 
 async def list_tasks(service: "Service", request: Request) -> Response:
-    entries = await service.run(service.catalog.refresh)
+    try:
+        entries = await service.run(service.catalog.refresh)
+    except StoreUnavailable as e:
+        return _refuse(service, _store_unavailable(e))
     return JSONResponse({"tasks": [service.task_info(entry) for entry in entries]})
+
+
+def _store_unavailable(error: StoreUnavailable) -> RequestError:
+    """The store gone from under the server: the server's problem, not the request's (503, one line)."""
+    return RequestError(503, "store_unavailable", str(error), headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 async def healthz(service: "Service", request: Request) -> Response:
