@@ -13,12 +13,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 from PIL import Image
 
 from attnft.adapters.store import AdapterStore
+from attnft.core.files import CONFIG_FILE
 from attnft.bundled import BUNDLED_MODEL_224
 from serve_helpers import (
     REQUEST_TIMEOUT_S, ROOT, START_TIMEOUT_S, Server, die_with_parent, peak_rss_mb, png, save_attn_adapter,
@@ -159,3 +161,43 @@ def test_a_store_replaced_by_a_file_answers_503_in_one_line_and_serves_again_onc
         assert server.classify("shirts", png(3)).status_code == 200
         assert [task["name"] for task in server.client.get("/v1/tasks").json()["tasks"]] == ["shirts"]
         assert "Traceback" not in server.stderr()
+
+
+HUGE_CONFIG_BYTES = 300 * 2**20
+
+
+def test_a_huge_adapter_config_is_read_off_the_event_loop_while_health_and_other_tasks_answer(store, tmp_path):
+    """A changed config is re-read by the next request naming its task: 300 MB of it (a sparse file) held the event
+    loop for all of the read (1-2 s here), so no other request was answered meanwhile. Read in the pool, /healthz and
+    another task are answered while each of three such configs is read. Counted, not timed: decoding the text still
+    holds Python's GIL (stalls of a few tenths of a second, seconds on a loaded machine) until another change bounds
+    a config's size."""
+    local = AdapterStore(tmp_path / "store")
+    names = [f"huge{i}" for i in range(3)]
+    for name in ["shirts", *names]:
+        shutil.copytree(store.path("shirts"), local.path(name))
+    with Server(local, tmp_path, "--workers", "2") as server:
+        assert server.classify("shirts", png(1)).status_code == 200
+        for name in names:
+            with open(local.path(name) / CONFIG_FILE, "r+b") as config:
+                config.truncate(HUGE_CONFIG_BYTES)  # its JSON followed by NUL bytes: sparse, a few KB on disk
+        reads = []  # (start, end, status) of each request that reads a huge config
+
+        def read_them():
+            for name in names:
+                started = time.monotonic()
+                status = server.classify(name, png(2)).status_code
+                reads.append((started, time.monotonic(), status))
+
+        reader = threading.Thread(target=read_them)
+        reader.start()
+        answered, deadline = [], time.monotonic() + REQUEST_TIMEOUT_S
+        while reader.is_alive() and time.monotonic() < deadline:
+            assert server.client.get("/healthz").status_code == 200
+            assert server.classify("shirts", png(3)).status_code == 200
+            answered.append(time.monotonic())
+        reader.join(REQUEST_TIMEOUT_S)
+        assert [status for _, _, status in reads] == [503] * len(names)  # not a config: each says why, one line
+        # rounds answered while each config was read: 0 or 1 with the read on the loop, dozens here in the pool
+        during = [sum(start < t < end for t in answered) for start, end, _ in reads]
+        assert min(during) >= 3, during
