@@ -34,9 +34,9 @@ REQUEST_TIMEOUT_S = 60
 # --- the store ---------------------------------------------------------------------------------
 
 
-def save_attn_adapter(store, name, num_classes, seed, *, img_size=None, overwrite=False):
-    """A fine-tuned-looking attention adapter: the base's attention, head and pos_embed moved by seeded noise."""
-    model = create_model(BASE, img_size=img_size)
+def save_attn_adapter(store, name, num_classes, seed, *, img_size=None, overwrite=False, base=BASE):
+    """A fine-tuned-looking attention adapter of ``base``: its attention, head and pos_embed moved by seeded noise."""
+    model = create_model(base, img_size=img_size)
     model.reset_classifier(num_classes)
     report = apply_policy(model, "attn")
     snapshot = BaseSnapshot.capture(model, report)
@@ -102,7 +102,7 @@ def png_header(width: int, height: int) -> bytes:
 # --- a server process ------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: SIGTERM when the test process dies, so no server outlives a killed test run (Linux)."""
     try:
         import ctypes
@@ -121,7 +121,7 @@ class Server:
         with open(f"{self.log}.out", "w") as out, open(f"{self.log}.err", "w") as err:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "attnft", "serve", "--store", str(store.root), "--port", "0", *args],
-                stdout=out, stderr=err, env=env, cwd=tmp_path, preexec_fn=_die_with_parent,
+                stdout=out, stderr=err, env=env, cwd=tmp_path, preexec_fn=die_with_parent,
             )
         self.url = self._wait_for_url()
         self.client = httpx.Client(base_url=self.url, timeout=REQUEST_TIMEOUT_S)
@@ -187,6 +187,14 @@ class Server:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
 
 
 def assert_equal_to_offline(answer: dict, expected: torch.Tensor) -> None:

@@ -4,8 +4,8 @@
     attnft serve --store DIR --tasks cars,pets --port 9000 --memory-budget 2GB
 
 Needs the ``serve`` extra (``pip install attnft[serve]``: uvicorn, starlette, prometheus_client,
-python-multipart), imported only here, when the command runs. SIGTERM or Ctrl-C stops taking
-new connections, lets every request in flight finish, then exits 0.
+python-multipart), imported only here, when the command runs. The URL is printed once the socket
+listens. SIGTERM or Ctrl-C stops taking new connections, lets every request in flight finish, then exits 0.
 """
 import argparse
 import importlib.util
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from PIL import Image
 
     from .. import bundled  # noqa: F401  registers the bundled models in timm
-    from ..server.connections import protocol_with_deadline
+    from ..server.connections import ListeningServer, protocol_with_deadline
     from ..server.http import create_app
     from ..server.service import Service
 
@@ -55,12 +55,12 @@ def run(args: argparse.Namespace) -> int:
         raise
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    print("\n".join(service.describe(url)), flush=True)
-    server = uvicorn.Server(uvicorn.Config(
+    started = "\n".join(service.describe(url))
+    server = ListeningServer(uvicorn.Config(
         create_app(service), log_level="warning", access_log=config.access_log, lifespan="on",
         http=protocol_with_deadline(config.header_timeout), timeout_keep_alive=config.timeout_keep_alive,
         limit_concurrency=config.limit_concurrency, timeout_graceful_shutdown=config.graceful_timeout,
-    ))
+    ), on_listening=lambda: print(started, flush=True))  # the URL once it answers: a client told it is not refused
     stopped_by: list[int] = []
     # uvicorn drains, then raises the signal again for the handler it found: ours notes it, so a requested stop exits 0
     previous = {sig: signal.signal(sig, lambda number, frame: stopped_by.append(number))

@@ -6,24 +6,21 @@ config does not follow a ``--res`` change by itself, the caller sets ``input_siz
 attnft adds ``background``: the colour (0-255 RGB) a transparent pixel becomes, before
 anything else (:func:`attnft.models.data_config` gives the base's; white where a config has none).
 """
-import logging
-import math
 import re
 from collections.abc import Callable, Iterator
 
 import torch
-from PIL import Image
+from timm.data import DEFAULT_CROP_PCT
 from timm.data import Mixup as TimmMixup
 from timm.data import auto_augment, create_transform
 from timm.data.mixup import mixup_target
+from timm.data.transforms import MaybeToTensor
 from torch.utils.data import Dataset, IterableDataset
 
 from ..core.augmentation import AugConfig
 from ..core.errors import ConfigError
+from .eval_resize import ResizeCenterCrop
 from .images import WHITE, ImageClassificationDataset, ImageClassificationIterable, flatten
-
-logger = logging.getLogger(__name__)
-
 
 class Flatten:
     """An RGB or RGBA PIL image -> RGB, transparent pixels on ``background``: the first step of every transform."""
@@ -104,57 +101,21 @@ def check_auto_augment(policy: str | None) -> None:
                           "rand-m9-mstd0.5-inc1 (RandAugment), augmix-m5, or v0 / original (AutoAugment)") from None
 
 
-class ResizeLimit:
-    """Refuses an image that timm's eval resize would blow up past ``max_pixels`` (PIL's ``MAX_IMAGE_PIXELS``).
-
-    The eval transform resizes the shorter side to ``input_size / crop_pct`` and the longer in proportion: a
-    20000x1 PNG of 102 bytes would become 4,480,000x224 pixels (3.6 GB of floats). Raises
-    ``Image.DecompressionBombError`` (a data split skips the image with a warning, the server answers 413)."""
-
-    def __init__(self, data_config: dict, max_pixels: int | None = None):
-        size = data_config["input_size"][-2:]
-        crop_pct = data_config.get("crop_pct") or 1.0
-        self.scale = [math.floor(side / crop_pct) for side in size]
-        self.keeps_ratio = data_config.get("crop_mode", "center") not in ("squash", "border")
-        self.max_pixels = max_pixels if max_pixels is not None else Image.MAX_IMAGE_PIXELS
-
-    def resized(self, width: int, height: int) -> tuple[int, int]:
-        """(width, height) after the eval transform's resize."""
-        if not self.keeps_ratio:
-            return self.scale[1], self.scale[0]
-        short = max(self.scale)
-        factor = short / max(min(width, height), 1)
-        return max(short, math.ceil(width * factor)), max(short, math.ceil(height * factor))
-
-    def __call__(self, image):
-        width, height = self.resized(*image.size)
-        if width * height > self.max_pixels:
-            raise Image.DecompressionBombError(
-                f"image of {image.width}x{image.height} pixels would be resized to {width}x{height} "
-                f"({width * height:,} pixels), over the limit of {self.max_pixels:,} pixels")
-        return image
-
-    def __repr__(self) -> str:
-        return f"ResizeLimit(max_pixels={self.max_pixels})"
-
-
-def build_transforms(data_config: dict, *, train: bool, aug: AugConfig | None = None,
-                     max_pixels: int | None = None) -> Callable:
+def build_transforms(data_config: dict, *, train: bool, aug: AugConfig | None = None) -> Callable:
     """PIL RGB or RGBA image -> float tensor [3, H, W] normalised, with (H, W) = ``data_config["input_size"][1:]``:
-    transparency flattened onto ``data_config["background"]``, then timm's transform (for eval, after
-    :class:`ResizeLimit`: training crops before it resizes, so its output is bounded already)."""
+    transparency flattened onto ``data_config["background"]``, then timm's transform (for eval, its resize and
+    centre crop as :class:`~attnft.data.eval_resize.ResizeCenterCrop` computes them, at a cost bounded by the
+    image and the output whatever its shape; training crops before it resizes, so its cost is bounded already)."""
     from torchvision.transforms import Compose
 
-    steps = [] if train else [ResizeLimit(data_config, max_pixels)]
-    return Compose(steps + [Flatten(data_config.get("background") or WHITE), _timm_transform(data_config, train, aug)])
+    return Compose([Flatten(data_config.get("background") or WHITE), _timm_transform(data_config, train, aug)])
 
 
 def _timm_transform(data_config: dict, train: bool, aug: AugConfig | None) -> Callable:
     interpolation = data_config.get("interpolation", "bicubic")
     common = dict(input_size=data_config["input_size"], mean=data_config["mean"], std=data_config["std"])
     if not train:
-        return create_transform(**common, is_training=False, interpolation=interpolation,
-                                crop_pct=data_config.get("crop_pct"), crop_mode=data_config.get("crop_mode"))
+        return _eval_transform(data_config, interpolation, common)
     aug = aug or AugConfig()
     return create_transform(
         **common,
@@ -172,6 +133,20 @@ def _timm_transform(data_config: dict, train: bool, aug: AugConfig | None) -> Ca
     )
 
 
+def _eval_transform(data_config: dict, interpolation: str, common: dict) -> Callable:
+    """timm's eval transform; its centre mode's resize and crop (which would resize a 100000x1 image to
+    22,400,000x224 before cropping) done by :class:`ResizeCenterCrop`. squash and border resize to the output's
+    size (bounded already), and a crop_pct over 1 pads: those stay timm's."""
+    from torchvision.transforms import Compose, Normalize
+
+    crop_pct = data_config.get("crop_pct") or DEFAULT_CROP_PCT
+    if data_config.get("crop_mode") not in (None, "center") or crop_pct > 1:
+        return create_transform(**common, is_training=False, interpolation=interpolation, crop_pct=crop_pct,
+                                crop_mode=data_config.get("crop_mode"))
+    return Compose([ResizeCenterCrop(common["input_size"][-2:], crop_pct, interpolation), MaybeToTensor(),
+                    Normalize(mean=torch.tensor(common["mean"]), std=torch.tensor(common["std"]))])
+
+
 class TransformedDataset(Dataset):
     """A map-style split with ``transform`` applied to its images: ``(tensor, int)``, ``None`` kept for unreadable."""
 
@@ -187,11 +162,7 @@ class TransformedDataset(Dataset):
         if sample is None:
             return None
         image, label = sample
-        try:
-            return self.transform(image), label
-        except Image.DecompressionBombError as error:  # an image its resize would blow up: skipped, as unreadable
-            logger.warning("skipping sample %d of %s: %s", index, self.split.source, error)
-            return None
+        return self.transform(image), label
 
 
 class TransformedIterable(IterableDataset):
@@ -206,10 +177,7 @@ class TransformedIterable(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
         for image, label in self.split:
-            try:
-                yield self.transform(image), label
-            except Image.DecompressionBombError as error:
-                logger.warning("skipping an image of %s: %s", self.split.source, error)
+            yield self.transform(image), label
 
 
 def with_transform(split, transform: Callable) -> TransformedDataset | TransformedIterable:

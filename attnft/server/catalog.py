@@ -67,6 +67,10 @@ class UnknownTask(AttnftError):
     """A request named a task the store does not hold (or that --tasks leaves out)."""
 
 
+class StoreUnavailable(StoreError):
+    """The store's root is a file now (or lies under one): no task can be served until it is a folder again."""
+
+
 class StoreCatalog:
     """The adapters of ``store`` that are served (``names``: only these; None: every one, new ones too)."""
 
@@ -80,6 +84,7 @@ class StoreCatalog:
 
     def refresh(self) -> list[TaskEntry]:
         """Every served entry, re-read where the store changed (lists the store: for ``GET /v1/tasks``)."""
+        self._check_store()
         names = self.allowed if self.allowed is not None else self.store.names()
         for gone in set(self._entries) - set(names):
             self._forget(gone)
@@ -107,10 +112,11 @@ class StoreCatalog:
         return entries
 
     def get(self, name: str) -> TaskEntry:
-        """The current entry of task ``name``; UnknownTask if it is not served."""
+        """The current entry of task ``name``; UnknownTask if it is not served, StoreUnavailable if no task can be."""
         path = self._path(name)
         signature = _signature(path)
         if signature is None:
+            self._check_store()  # the entries are kept: a store put back as it was serves them as they were
             self._forget(name)
             raise UnknownTask(self._unknown(name))
         entry = self._entries.get(name)
@@ -143,6 +149,15 @@ class StoreCatalog:
         if previous is not None and self.on_change is not None:
             self.on_change(name)
         return entry
+
+    def _check_store(self) -> None:
+        """StoreUnavailable if the store's root is a file, or under one (a few stats: no listing)."""
+        if self.store.root.is_dir():
+            return
+        try:
+            self.store.names()  # StoreError for a file; [] at once for a root merely missing (its tasks are gone)
+        except StoreError as e:
+            raise StoreUnavailable(str(e)) from None
 
     def _forget(self, name: str) -> None:
         with self._lock:

@@ -1,4 +1,5 @@
-"""What a connection may cost the server: uvicorn's h11 protocol with a deadline on a request's headers.
+"""What a connection may cost the server: uvicorn's h11 protocol with a deadline on a request's headers; and
+uvicorn's server, telling when its sockets listen.
 
 uvicorn closes a kept-alive connection that stays idle (``--timeout-keep-alive``), but its timer restarts
 on every byte, and nothing bounds the wait for a first request: a slowloris client that sends a byte
@@ -10,9 +11,11 @@ response), else the connection is closed. The body has its own deadline in the a
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
+import socket
+from typing import Callable, Optional
 
 import h11
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
@@ -63,3 +66,17 @@ class HeaderDeadlineProtocol(H11Protocol):
 def protocol_with_deadline(seconds: float) -> type[HeaderDeadlineProtocol]:
     """The protocol class uvicorn instantiates per connection, with a header deadline of ``seconds``."""
     return type("HeaderDeadlineProtocol", (HeaderDeadlineProtocol,), {"header_timeout": float(seconds)})
+
+
+class ListeningServer(uvicorn.Server):
+    """uvicorn's Server that calls ``on_listening()`` once its sockets listen (after the app's start-up): a client
+    that connects as soon as it is told the address is answered, not refused."""
+
+    def __init__(self, config: uvicorn.Config, on_listening: Callable[[], None]):
+        super().__init__(config)
+        self.on_listening = on_listening
+
+    async def startup(self, sockets: Optional[list[socket.socket]] = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self.on_listening()

@@ -7,11 +7,12 @@
     GET  /healthz                    liveness, queue depth
     GET  /metrics                    Prometheus metrics
 
-The event loop parses, looks the task up (a few stats of its folder) and awaits: decoding and
-preprocessing run in the service's thread pool, the model in its own thread
-(:mod:`attnft.server.batcher`). Every
-refusal is JSON ``{"error": one line, "kind": ...}`` with a 4xx status, or 503 (full queue,
-with ``Retry-After``; an adapter that cannot be served); nothing a client sends stops the server.
+The event loop parses, looks the task up (a few stats of its folder; a changed config is read in the
+pool) and awaits: decoding and preprocessing run in the service's thread pool, the model in its own thread
+(:mod:`attnft.server.batcher`). Every refusal is JSON ``{"error": one line, "kind": ...}`` with a 4xx
+status, or 503 (full queue, with ``Retry-After``; an adapter that cannot be served; a store whose folder
+became a file; a request still running when a stop's ``--graceful-timeout`` ends); nothing a client sends
+stops the server.
 """
 from __future__ import annotations
 
@@ -26,13 +27,14 @@ from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartParser
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..core.errors import first_line
 from .batcher import Answer, Job
-from .catalog import TaskEntry, UnknownTask
+from .catalog import StoreUnavailable, TaskEntry, UnknownTask
 from .inputs import RequestError, check_top_k, parse_json_body
 
 if TYPE_CHECKING:
@@ -61,14 +63,44 @@ def create_app(service: "Service") -> Starlette:
         Route("/metrics", functools.partial(metrics, service), methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _internal_error}
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
+                     middleware=[Middleware(EndsAtShutdown)])
+
+
+class EndsAtShutdown:
+    """ASGI middleware: a request still running when ``--graceful-timeout`` ends (a body that never finishes
+    arriving, say) is cancelled by uvicorn, which would log the CancelledError's 50-line traceback as an error of
+    the app. It answers 503 instead, if nothing was sent yet, and ends: uvicorn's one line says how many it cancelled.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        started = False
+
+        async def tracked(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if scope["type"] != "http":
+                raise
+            asyncio.current_task().uncancel()  # ending is what the cancel asked for: this request ends here
+            if not started:
+                response = JSONResponse({"error": "the server stopped before this request finished", "kind": "stopped"},
+                                        status_code=503, headers={"connection": "close"})
+                await response(scope, receive, send)
 
 
 async def classify(service: "Service", request: Request) -> Response:
     started = time.monotonic()
     task_label = "unknown"  # a label per name a client invents would grow the metrics without bound
     try:
-        entry = service.catalog.get(request.path_params["task"])  # three stats: cheaper here than a thread hop
+        entry = await _lookup(service, request.path_params["task"])
         task_label = entry.name
         reason = service.pager.failure(entry)
         if reason is not None:
@@ -81,11 +113,22 @@ async def classify(service: "Service", request: Request) -> Response:
         service.metrics.images.labels(task_label).inc(len(images))
     except UnknownTask as e:
         response = _refuse(service, RequestError(404, "unknown_task", str(e)))
+    except StoreUnavailable as e:
+        response = _refuse(service, _store_unavailable(e))
     except RequestError as e:
         response = _refuse(service, e)
     service.metrics.requests.labels(task_label, str(response.status_code)).inc()
     service.metrics.latency.labels(task_label).observe(time.monotonic() - started)
     return response
+
+
+async def _lookup(service: "Service", name: str) -> TaskEntry:
+    """The entry of task ``name``: as last read when its folder is unchanged (three stats, on the loop: cheaper than
+    a thread hop), else read in the pool: a config, however large, is never read on the event loop."""
+    entry = service.catalog.current(name)
+    if entry is not None and service.catalog.unchanged(entry):
+        return entry
+    return await service.run(service.catalog.get, name)
 
 
 async def _classify(service: "Service", entry: TaskEntry, images: list[bytes], top_k: int) -> list[Answer]:
@@ -199,8 +242,16 @@ async def _parse_multipart(request: Request, body: bytes, max_files: int) -> tup
 
 
 async def list_tasks(service: "Service", request: Request) -> Response:
-    entries = await service.run(service.catalog.refresh)
+    try:
+        entries = await service.run(service.catalog.refresh)
+    except StoreUnavailable as e:
+        return _refuse(service, _store_unavailable(e))
     return JSONResponse({"tasks": [service.task_info(entry) for entry in entries]})
+
+
+def _store_unavailable(error: StoreUnavailable) -> RequestError:
+    """The store gone from under the server: the server's problem, not the request's (503, one line)."""
+    return RequestError(503, "store_unavailable", str(error), headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 async def healthz(service: "Service", request: Request) -> Response:

@@ -5,7 +5,8 @@ alpha on white) and :func:`attnft.data.build_transforms` with the adapter's data
 (input size, mean / std, crop), so a served image meets the model as an evaluated one does.
 Serving adds limits: an image whose header claims more than PIL's ``Image.MAX_IMAGE_PIXELS``
 is refused before it is decoded, and only common raster formats are tried (no EPS, which
-runs Ghostscript).
+runs Ghostscript). What preprocessing then costs is bounded by the image and the input size,
+whatever the image's shape (:mod:`attnft.data.eval_resize`).
 """
 from __future__ import annotations
 
@@ -46,15 +47,11 @@ class Preprocessor:
         key = json.dumps(data_config, sort_keys=True)
         with self._lock:
             if key not in self._transforms:
-                self._transforms[key] = build_transforms(dict(data_config), train=False, max_pixels=self.max_pixels)
+                self._transforms[key] = build_transforms(dict(data_config), train=False)
             return self._transforms[key]
 
     def __call__(self, data: bytes, data_config: dict, which: str = "the image") -> torch.Tensor:
-        image = open_image(data, self.max_pixels, which)
-        try:
-            return self.transform(data_config)(image)
-        except Image.DecompressionBombError as e:  # small on the wire and in its header, huge once resized
-            raise RequestError(413, "decompression_bomb", f"{which} is refused: {first_line(e)}") from None
+        return self.transform(data_config)(open_image(data, self.max_pixels, which))
 
 
 def open_image(data: bytes, max_pixels: Optional[int], which: str = "the image") -> Image.Image:
