@@ -4,6 +4,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -114,7 +115,7 @@ def test_resume_at_an_epoch_boundary_continues_with_the_next_epoch(tiny, tmp_pat
             path.unlink()
     assert main(finetune_args(model, data, tmp_path / "b", "--steps", "10", *common, "--name", "b", "--resume",
                               "--overwrite")) == 0
-    a = load_file(str(tmp_path / "a" / "store" / "model-attn-colors-32" / "adapter_model.safetensors"))
+    a = load_file(str(tmp_path / "a" / "store" / "a" / "adapter_model.safetensors"))
     b = load_file(str(tmp_path / "b" / "store" / "b" / "adapter_model.safetensors"))
     assert all(torch.equal(a[name], b[name]) for name in a)
 
@@ -122,14 +123,14 @@ def test_resume_at_an_epoch_boundary_continues_with_the_next_epoch(tiny, tmp_pat
 def _uninterrupted_and_resumed_from_step_3(model, data, tmp_path, common):
     """Run ``a`` uninterrupted and ``b`` again from its mid-epoch step-3 checkpoint: (a's adapter tensors,
     b's, b's checkpoint folder)."""
-    assert main(finetune_args(model, data, tmp_path / "a", *common)) == 0
+    assert main(finetune_args(model, data, tmp_path / "a", *common, "--name", "a")) == 0
     assert main(finetune_args(model, data, tmp_path / "b", *common, "--name", "b")) == 0
     checkpoints = tmp_path / "b" / "run" / "checkpoints"
     for path in checkpoints.iterdir():
         if path.name != "step_00000003.pt":  # 6 steps an epoch: step 3 is mid-epoch
             path.unlink()
     assert main(finetune_args(model, data, tmp_path / "b", *common, "--name", "b", "--resume", "--overwrite")) == 0
-    a = load_file(str(tmp_path / "a" / "store" / "model-attn-colors-32" / "adapter_model.safetensors"))
+    a = load_file(str(tmp_path / "a" / "store" / "a" / "adapter_model.safetensors"))
     b = load_file(str(tmp_path / "b" / "store" / "b" / "adapter_model.safetensors"))
     return a, b, checkpoints
 
@@ -144,11 +145,12 @@ def test_repeated_augmentation_resumes_bitwise_mid_epoch(tiny, tmp_path):
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
-def test_model_ema_and_layer_decay_resume_bitwise_mid_epoch(tiny, tmp_path):
+@pytest.mark.parametrize("policy", ["attn", "vpt:tokens=2", "adaptformer:dim=4", "ssf"])
+def test_model_ema_and_layer_decay_resume_bitwise_mid_epoch(tiny, tmp_path, policy):
     """The average is in the checkpoint: a run resumed from a mid-epoch checkpoint saves the average an
-    uninterrupted one saves, with every source of randomness on."""
+    uninterrupted one saves, with every source of randomness on; for the families that add modules too."""
     model, data = tiny
-    common = ["--checkpoint-every", "3", "--no-eval-before", "--eval-every", "0", "--log-every", "1", "--steps", "8",
+    common = ["--policy", policy, "--checkpoint-every", "3", "--no-eval-before", "--eval-every", "0", "--log-every", "1", "--steps", "8",
               "--aug", "heavy", "--auto-augment", "rand-m9-mstd0.5", "--drop-path", "0.1", "--model-ema",
               "--model-ema-decay", "0.9", "--model-ema-warmup", "--layer-decay", "0.75"]
     a, b, checkpoints = _uninterrupted_and_resumed_from_step_3(model, data, tmp_path, common)

@@ -29,10 +29,13 @@ from .spec import AddedPolicy
 
 class AddedApplied(Applied):
     def optimizer_params(self, weight_decay: float, layer_decay: Optional[float] = None) -> list[dict]:
-        """The added tensors and the head, biases and 1-d tensors without weight decay (timm's rule)."""
+        """The added tensors and the head, biases and 1-d tensors without weight decay (timm's rule); with
+        ``layer_decay``, each in the layer of the block it sits in (timm's matcher; a root tensor such as VPT's
+        prompts, in the layer timm gives names it does not match)."""
         if layer_decay is not None:
-            raise ConfigError(f"--layer-decay is for the base's own layers: {self.method.name} trains added "
-                              "modules and the head; leave it unset")
+            from ...tuning.layer_decay import layer_decay_groups
+
+            return layer_decay_groups(self.model, self.backbone, self.role_map, weight_decay, layer_decay)
         decay, no_decay = [], []
         for name, param in self.model.named_parameters():
             if param.requires_grad:
@@ -80,6 +83,7 @@ class AddedMethod(Method):
 
     options_cls: type
     training_defaults: TrainingDefaults
+    trains_under_fsdp = False  # not yet: its hooks read tensors FSDP would flatten; untested together
 
     # --- what a family fills in ----------------------------------------------------------------
 
