@@ -27,6 +27,7 @@ from torch import nn
 from ..methods.freeze.config import Adapter, AdapterConfig
 from ..core.files import CONFIG_FILE
 from ..methods.freeze.snapshot import BaseSnapshot
+from ..core.checks import check_type
 from ..core.errors import AdapterError, AttnftError, StoreError
 from ..core.files import ADAPTER_FOLDER, PathLike, io_error, nearest_existing, pid_alive, remove_directory_atomically, remove_entry, write_directory_atomically
 from ..methods.record import AdapterRecord
@@ -59,6 +60,7 @@ class AdapterStore:
     """Named adapters under one root folder."""
 
     def __init__(self, root: Union[str, os.PathLike, None] = None):
+        check_type(root, (str, os.PathLike, type(None)), "root", "a folder (str or os.PathLike) or None")
         self.root = Path(root) if root is not None else default_store_root()
 
     def __repr__(self) -> str:

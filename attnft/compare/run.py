@@ -24,6 +24,7 @@ from typing import Optional
 
 from ..adapters.names import fit_name
 from ..adapters.store import AdapterStore
+from ..core.checks import check_type
 from ..core.errors import ConfigError
 from ..core.files import check_outside_attnft_folders, check_outside_store, write_text_atomically
 from ..training.config import FinetuneConfig
@@ -77,6 +78,8 @@ class Plan:
 
 def compare(cfg: CompareConfig, ft: FinetuneConfig, command: str = "") -> Optional[dict]:
     """Run the comparison; the report (None with ``--search-only``, which only runs trials)."""
+    check_type(cfg, CompareConfig, "cfg", "a CompareConfig")
+    check_type(ft, FinetuneConfig, "ft", "a FinetuneConfig (the settings every run shares)")
     plan = check_compare(cfg, ft)  # everything a user can get wrong, before anything is written
     with contextlib.nullcontext() if cfg.search_only else CompareLock(plan.folder):  # this process runs the finals
         return _compare(plan, command)

@@ -112,3 +112,10 @@ def require(condition: bool, message: str) -> None:
     """ConfigError(``message``) unless ``condition``: one flag's range, checked at the edge."""
     if not condition:
         raise ConfigError(message)
+
+
+def check_type(value: Any, kinds, name: str, expected: str) -> None:
+    """TypeError naming the argument (as timm and peft do) unless ``value`` is one of ``kinds``: a caller's mistake in
+    Python, said before it becomes an AttributeError deep inside."""
+    if not isinstance(value, kinds):
+        raise TypeError(f"{name} must be {expected}, not {type(value).__name__}")

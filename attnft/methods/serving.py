@@ -15,6 +15,7 @@ from typing import Any, Generic, Iterable, Mapping, Optional, Sequence, TypeVar
 import torch
 from torch import nn
 
+from ..core.checks import check_type
 from ..core.errors import ConfigError
 from .registry import fallback, family_of_task
 
@@ -89,6 +90,14 @@ class TaskServer(Generic[Task]):
         if not isinstance(x, torch.Tensor) or x.ndim != 4 or x.shape[0] == 0:
             shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ConfigError(f"a batch is a tensor [B >= 1, channels, H, W], got {shape}")
+        first = next(self.base_module().parameters(), None)
+        if first is not None and x.dtype != first.dtype:
+            raise ConfigError(f"the batch is {x.dtype}, the base computes in {first.dtype}: normalise the images and "
+                              f"cast them (x.to({first.dtype}))")
+        channels = _in_channels(self.base_module())
+        if channels is not None and x.shape[1] != channels:
+            raise ConfigError(f"the batch has {x.shape[1]} channel(s), the base takes {channels}: convert the images "
+                              "(e.g. to RGB)")
         size = _fixed_input_size(self.base_module())
         if size is not None and tuple(x.shape[-2:]) != size:
             raise ConfigError(f"the batch is {x.shape[-2]}x{x.shape[-1]} px, the base is built for {size[0]}x{size[1]}: "
@@ -137,6 +146,20 @@ class TaskServer(Generic[Task]):
         raise NotImplementedError
 
 
+def _in_channels(base: torch.nn.Module) -> Optional[int]:
+    """The channels the base's patch embedding takes (timm's ``patch_embed.proj``), or None when not known (a
+    hybrid's projection reads its CNN's features, not the image)."""
+    embed = getattr(base, "patch_embed", None)
+    if embed is None or hasattr(embed, "backbone"):
+        return None
+    return getattr(getattr(embed, "proj", None), "in_channels", None)
+
+
+def check_base_model(base_model) -> None:
+    """TypeError naming the argument unless ``base_model`` is a module: every server's first check."""
+    check_type(base_model, nn.Module, "base_model", "a torch.nn.Module (the base the adapters were trained on)")
+
+
 def _fixed_input_size(base: torch.nn.Module) -> Optional[tuple[int, int]]:
     """(H, W) where the base's patch embedding refuses any other size (timm's ``strict_img_size``), else None."""
     embed = getattr(base, "patch_embed", None)
@@ -180,8 +203,10 @@ def serve_adapters(base_model: nn.Module, adapters: Mapping[str, Any]) -> TaskSe
 
 def serve_store(store, names: Iterable[str], base_model: nn.Module) -> TaskServer:
     """:func:`serve_adapters` of the adapters ``names`` of an :class:`attnft.adapters.store.AdapterStore`."""
+    if isinstance(names, str):
+        raise TypeError(f"names is a list of adapter names, not the string {names!r}"[:200])
     names = list(names)
-    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+    if not all(isinstance(name, str) for name in names):
         raise TypeError(f"names is a list of adapter names, not {names!r}"[:200])
     return serve_adapters(base_model, {name: store.folder(name) for name in names})  # StoreError: a name not stored
 
@@ -197,6 +222,7 @@ class MixedFamilies(TaskServer[TaskServer]):
     """
 
     def __init__(self, base_model: nn.Module):
+        check_base_model(base_model)
         super().__init__()
         self.base = base_model
         self.servers: dict[str, TaskServer] = {}  # family name -> its server

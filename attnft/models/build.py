@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from torch import nn
 
+from ..core.checks import check_type
 from .hf_library import TRANSFORMERS
 from .library import ModelLibrary
 from .timm_library import TIMM
@@ -55,6 +56,7 @@ def create_model(
     classifier. ``kwargs`` go to the model (timm: e.g. ``embed_dim``; transformers: config fields).
     Raises UnknownModelError, ConfigError, AdapterError or OfflineError with a one-line reason.
     """
+    check_type(name, str, "name", "a model name (str), e.g. 'vit_small_patch16_224'")
     options = dict(kwargs, pretrained=pretrained, checkpoint=checkpoint, num_classes=num_classes, img_size=img_size,
                    drop_path_rate=drop_path_rate)
     return library_for_name(name).build(name, options)

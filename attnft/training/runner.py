@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from torch import nn
 
+from ..core.checks import check_type
 from ..core.files import folder_bytes, write_text_atomically
 from .build import RunParts, build_parts, resume
 from .checkpoints import Position
@@ -64,6 +65,7 @@ def finetune(cfg: FinetuneConfig, *, on_epoch: Optional[Callable[[int, EvalResul
 
     ``on_epoch(epoch, result)`` is called after each evaluation between epochs (--eval-every); an exception it
     raises ends the run there, with no adapter saved (a search's pruner stops a trial so)."""
+    check_type(cfg, FinetuneConfig, "cfg", "a FinetuneConfig")
     with contextlib.ExitStack() as on_exit:
         plan = check_run(cfg, on_exit)  # everything a user can get wrong, before any file is written
         cfg, accelerator = plan.cfg, plan.accelerator  # cfg: with the augmentation and workers resolved

@@ -19,7 +19,7 @@ from ..base_model import current_input_size
 from ..fingerprint import compute_fingerprint
 from ..registry import method_of
 from ..rows import task_rows
-from ..serving import TaskServer, storage_bytes
+from ..serving import TaskServer, check_base_model, storage_bytes
 from .format import AddedAdapter
 from .spec import AddedPolicy
 
@@ -39,6 +39,7 @@ class AddedServer(TaskServer[AddedAdapter]):
     """Tasks of one family (its ``method``, set by the first task) and one set of options on ``base_model``."""
 
     def __init__(self, base_model: nn.Module):
+        check_base_model(base_model)
         super().__init__()
         self.base = base_model.eval().requires_grad_(False)
         self.base_fingerprint = compute_fingerprint(base_model)

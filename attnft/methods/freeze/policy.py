@@ -33,6 +33,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ...core.errors import NoAttentionError, UnknownPolicyError, UnknownSpecName
+from ...core.checks import check_type
 from ...core.parsing import short
 from ..defaults import TrainingDefaults
 from ..report import CountedByRole, RoleCount
@@ -193,6 +194,7 @@ def apply_policy(model: nn.Module, policy: Union[str, Policy] = "attn", role_map
     Sets ``requires_grad`` on every parameter. Tensors split between a trained and a frozen role
     get a gradient mask and a post-optimizer-step restore of their frozen region.
     """
+    check_type(model, nn.Module, "model", "a torch.nn.Module (a timm or transformers ViT)")
     policy = resolve_policy(policy)
     role_map = role_map or build_role_map(model)
     if not role_map.names_with_role(Role.ATTENTION):

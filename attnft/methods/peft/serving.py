@@ -24,7 +24,7 @@ from ...core.errors import AdapterError
 from ...core.files import CONFIG_FILE, WEIGHTS_FILE
 from ...roles import join_name
 from ..fingerprint import compute_fingerprint
-from ..serving import TaskServer
+from ..serving import TaskServer, check_base_model
 from .files import check_base, load_peft_adapter, verify_peft_adapter
 from .names import unprefixed
 from .sidecar import PeftAdapterInfo
@@ -43,6 +43,7 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
     """
 
     def __init__(self, base_model: nn.Module):
+        check_base_model(base_model)
         if isinstance(base_model, PeftModel):
             raise AdapterError("the model already carries peft adapters: pass the plain base model")
         super().__init__()

@@ -32,7 +32,7 @@ from ....roles import RoleMap, build_role_map
 from ...base_model import current_input_size
 from ...fingerprint import compute_fingerprint
 from ...registry import family_of_task
-from ...serving import TaskServer, serve_adapters, serve_store, storage_bytes, tensors_of
+from ...serving import TaskServer, check_base_model, serve_adapters, serve_store, storage_bytes, tensors_of
 from ..config import Adapter
 from . import routing
 from .routing import Group, Route
@@ -53,6 +53,7 @@ class MultiTaskModel(TaskServer[ServedTask]):
     """
 
     def __init__(self, base_model: nn.Module, *, role_map: Optional[RoleMap] = None):
+        check_base_model(base_model)
         super().__init__()
         self.base = base_model.eval().requires_grad_(False)
         self.role_map = role_map or build_role_map(base_model)
@@ -98,6 +99,12 @@ class MultiTaskModel(TaskServer[ServedTask]):
         self._tasks[name] = build_served_task(name, weights, self.base, self.slots, self.role_map)
 
     def _task_weights(self, name: str, source: TaskSource) -> TaskWeights:
+        if isinstance(source, (TaskWeights, Mapping)):
+            tensors = source.tensors if isinstance(source, TaskWeights) else source
+            broken = [key for key, t in tensors.items() if not isinstance(t, torch.Tensor)
+                      or (t.is_floating_point() and not bool(torch.isfinite(t).all()))]
+            if broken:
+                raise AdapterError(f"task {name!r}: {broken[0]} is not a tensor of finite values: nothing was added")
         if isinstance(source, TaskWeights):
             return source
         method = family_of_task(source)
