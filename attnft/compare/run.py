@@ -34,6 +34,7 @@ from . import study as search
 from .config import MAX_SEEDS, CompareConfig
 from .final import final_config, is_finished, run_final, same_recipe
 from .report import final_line, policy_row, write_report
+from .urls import masked_argv
 
 MARKER = "compare_config.json"  # what makes a folder a comparison's, and of which task
 MARKER_FORMAT = "attnft-compare"
@@ -275,4 +276,5 @@ def _check_compare_folder(folder: Path, ident: dict) -> None:
 
 
 def command_line() -> str:
-    return "attnft " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    """The command as the report records it: the password of a URL in it (``--storage``) masked."""
+    return "attnft " + " ".join(shlex.quote(a) for a in masked_argv(sys.argv[1:]))

@@ -30,6 +30,7 @@ from ..core.errors import AttnftError, ConfigError, DivergedError
 from ..core.files import pid_alive
 from ..training.config import RUN_ONLY_FIELDS, FinetuneConfig
 from .config import OWN_FIELDS
+from .urls import masked, safe_url
 
 if TYPE_CHECKING:
     import optuna
@@ -103,23 +104,16 @@ def open_storage(url: str):
             racing = not isinstance(e, OperationalError) or "already exists" in str(e)
             if not racing or attempt == SCHEMA_ATTEMPTS - 1:
                 if not racing:
-                    reason = " ".join(str(getattr(e, "orig", None) or e).split())[:200]
-                    raise ConfigError(f"cannot use the study database {_safe_url(url)}: {reason}") from None
+                    raise ConfigError(f"cannot use the study database {safe_url(url)}: {_reason(e, url)}") from None
                 raise
             time.sleep(0.5 * (attempt + 1))
         except (SQLAlchemyError, ValueError, ImportError, OSError) as e:
-            reason = " ".join(str(getattr(e, "orig", None) or e).split())[:200]
-            raise ConfigError(f"cannot use the study database {_safe_url(url)}: {reason}") from None
+            raise ConfigError(f"cannot use the study database {safe_url(url)}: {_reason(e, url)}") from None
 
 
-def _safe_url(url: str) -> str:
-    """``url`` without its password."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL at all: say it as given
-        return url
+def _reason(error: Exception, url: str) -> str:
+    """The database's error in one line, ``url``'s password masked (a URL it cannot parse is quoted whole)."""
+    return masked(" ".join(str(getattr(error, "orig", None) or error).split()), url)[:200]
 
 
 def open_study(storage, name: str, ident: dict, pruner: str, epochs: int):
@@ -131,7 +125,7 @@ def open_study(storage, name: str, ident: dict, pruner: str, epochs: int):
     held = study.user_attrs
     for key, value in ident.items():
         if key in held and held[key] != value:
-            raise ConfigError(f"the study {name} in {_safe_url(storage.url)} holds trials of {key} {held[key]!r}, not "
+            raise ConfigError(f"the study {name} in {safe_url(storage.url)} holds trials of {key} {held[key]!r}, not "
                               f"{value!r}: pass another --study (or --output-dir) for this comparison")
         if key not in held:
             study.set_user_attr(key, value)
@@ -147,7 +141,7 @@ def check_study(storage, name: str, ident: dict) -> None:
         return  # not there yet
     for key, value in ident.items():
         if key in study.user_attrs and study.user_attrs[key] != value:
-            raise ConfigError(f"the study {name} in {_safe_url(storage.url)} holds trials of {key} "
+            raise ConfigError(f"the study {name} in {safe_url(storage.url)} holds trials of {key} "
                               f"{study.user_attrs[key]!r}, not {value!r}: pass another --study (or --output-dir)")
 
 

@@ -1,0 +1,42 @@
+"""``attnft compare`` against what a user can get wrong, or leave behind: a password, leftovers, changed data,
+folders inside folders, foreign studies, flags that do nothing, a comparison killed at the wrong moment.
+
+Real runs of the bundled 28 px model on a small folder of real Fashion-MNIST images (tests/test_compare.py's), real
+SQLite and PostgreSQL studies.
+"""
+import subprocess
+import sys
+
+import pytest
+
+from attnft.cli import main
+from test_compare import compare_argv, data  # noqa: F401  (data: the module's image folder, a fixture)
+
+optuna = pytest.importorskip("optuna")
+
+
+def _files(*roots):
+    return [p for root in roots if root.exists() for p in root.rglob("*") if p.is_file()]
+
+
+def test_the_storage_password_is_written_and_printed_nowhere(data, tmp_path, postgres_url):  # noqa: F811
+    url = postgres_url.replace("postgresql://postgres@", "postgresql://postgres:secretpw@")  # trust: any password
+    out, store = tmp_path / "out", tmp_path / "store"
+    argv = [sys.executable, "-m", "attnft", *compare_argv(data, out, store, "--storage", url, "--study", "masked",
+                                                          policies="head", search="1")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=280, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "secretpw" not in done.stdout + done.stderr
+    assert "secretpw" not in "".join(map(str, _files(out, store)))
+    for path in _files(out, store):
+        assert b"secretpw" not in path.read_bytes(), path
+    assert "postgres:***@127.0.0.1" in (out / "compare.md").read_text()
+
+
+def test_a_storage_url_the_database_cannot_parse_is_refused_without_its_password(data, tmp_path, capsys):  # noqa: F811
+    argv = compare_argv(data, tmp_path / "out", tmp_path / "store", "--storage",
+                        "postgresql://bob:secretpw@127.0.0.1:noport/db", policies="head", search="1")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "secretpw" not in err and "bob:***@127.0.0.1:noport" in err
+    assert not (tmp_path / "out").exists()
