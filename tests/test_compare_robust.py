@@ -40,3 +40,13 @@ def test_a_storage_url_the_database_cannot_parse_is_refused_without_its_password
     err = capsys.readouterr().err
     assert "secretpw" not in err and "bob:***@127.0.0.1:noport" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_search_keeps_no_adapter_of_its_trials(data, tmp_path):  # noqa: F811
+    """The study keeps the settings a final run retrains: a trial's adapter (as large as the policy's trained weights,
+    the whole model under full) is read by nothing, and goes when its trial ends."""
+    out, store = tmp_path / "out", tmp_path / "store"
+    assert main(compare_argv(data, out, store, "--pruner", "none", policies="full", search="3")) == 0
+    assert len(list((out / "trials" / "full").glob("trial-*/result.json"))) == 3
+    assert _files(out / "trials" / "adapters") == []
+    assert [p.name for p in store.iterdir()] == ["compare-clothes-full"]

@@ -305,9 +305,20 @@ def _release_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def _drop_adapter(store: Path, name: str) -> None:
+    """Remove the adapter a trial saved: nothing reads it (the study keeps the settings the final runs retrain), and
+    a search of N trials would keep N of them, each as large as the policy's trained weights."""
+    from ..adapters.store import AdapterStore
+
+    trials = AdapterStore(store)
+    if trials.exists(name):
+        trials.delete(name)
+
+
 def trial_objective(ft: FinetuneConfig, policy: str, default_lr: float, holdout: float, seed: int, folder: Path,
                     store: Path, slug: str) -> Callable:
-    """The function a trial runs: one attnft run, in this process, its output in ``folder/trial-NNN``."""
+    """The function a trial runs: one attnft run, in this process, its output in ``folder/trial-NNN``; the adapter
+    it saves in ``store`` is removed when it ends."""
     from ..training.runner import finetune
 
     low, high = lr_range(default_lr)
@@ -340,6 +351,7 @@ def trial_objective(ft: FinetuneConfig, policy: str, default_lr: float, holdout:
             except AttnftError as e:
                 raise ConfigError(f"trial {trial.number} of {policy} failed: {e}") from None
             finally:
+                _drop_adapter(store, cfg.name)
                 _release_device_memory()
         return float(result.accuracy_after)
 
