@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from attnft.cli import main
-from test_compare import compare_argv, data  # noqa: F401  (data: the module's image folder, a fixture)
+from test_runner import _fails_cleanly
+from test_compare import compare_argv, data, fashion_folder  # noqa: F401  (data: the module's image folder, a fixture)
 
 optuna = pytest.importorskip("optuna")
 
@@ -50,3 +51,33 @@ def test_a_search_keeps_no_adapter_of_its_trials(data, tmp_path):  # noqa: F811
     assert len(list((out / "trials" / "full").glob("trial-*/result.json"))) == 3
     assert _files(out / "trials" / "adapters") == []
     assert [p.name for p in store.iterdir()] == ["compare-clothes-full"]
+
+
+def test_a_dataset_whose_files_changed_is_another_study_and_another_comparison(capsys, tmp_path):
+    """A class folder added between two runs: the study (and the compare folder) hold trials of 3 classes, and a
+    comparison of 4 is refused in one line before anything is written, not mixed into them."""
+    clothes = fashion_folder(tmp_path / "clothes", train=10, test=5)
+    out, store = tmp_path / "out", tmp_path / "store"
+    assert main(compare_argv(clothes, out, store, "--batch-size", "8", policies="head", search="1")) == 0
+    fashion_folder(clothes, classes=(2,), train=10, test=5)  # a fourth class
+    _fails_cleanly(capsys, compare_argv(clothes, out, store, "--batch-size", "8", policies="head", search="2"),
+                   words=["holds a comparison of data_files '45 files", "not '60 files"], untouched=[tmp_path])
+    # the study alone, from another compare folder
+    _fails_cleanly(capsys, compare_argv(clothes, tmp_path / "out2", store, "--batch-size", "8", "--storage",
+                                        f"sqlite:///{out / 'study.db'}", "--study", "attnft-compare-clothes",
+                                        policies="head", search="2"),
+                   words=["holds trials of data_files '45 files"], untouched=[tmp_path])
+
+
+def test_the_data_fingerprint_is_the_files_whatever_the_path_and_not_their_order(tmp_path):
+    import shutil
+
+    from attnft.data import data_fingerprint
+
+    clothes = fashion_folder(tmp_path / "clothes", train=3, test=2)
+    copy = shutil.copytree(clothes, tmp_path / "elsewhere" / "copy")
+    assert data_fingerprint(str(clothes), None) == data_fingerprint(None, str(copy)) == data_fingerprint(f"{copy}/", None)
+    assert data_fingerprint(str(clothes), None).startswith("15 files, sha256 ")
+    (copy / "train" / "Trouser" / "new.png").write_bytes((copy / "train" / "Trouser").iterdir().__next__().read_bytes())
+    assert data_fingerprint(str(copy), None) != data_fingerprint(str(clothes), None)
+    assert data_fingerprint("fashion-mnist", None) is None and data_fingerprint("owner/name", None) is None

@@ -26,6 +26,7 @@ from ..adapters.names import fit_name
 from ..adapters.store import AdapterStore
 from ..core.errors import ConfigError
 from ..core.files import check_outside_attnft_folders, check_outside_store, write_text_atomically
+from ..data import data_fingerprint
 from ..training.config import FinetuneConfig
 from ..training.run_folder import RunLock
 from ..training.step_clock import progress_bar
@@ -115,10 +116,11 @@ def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
     folder = Path(cfg.output_dir or Path("compare") / task)
     store = AdapterStore(ft.store)
     policies = cfg.policy_list
+    data_files = data_fingerprint(ft.dataset, ft.data_dir)  # a class or an image added: another study, folder
     plan = Plan(cfg=cfg, ft=ft, task=task, folder=folder, store=store,
                 names={p: fit_name(["compare", task, slug(p)], shorten=1, room=len(f"-seed{MAX_SEEDS - 1}"))
                        for p in policies},
-                ident={p: search.identity(ft, p, cfg.holdout) for p in policies},
+                ident={p: search.identity(ft, p, cfg.holdout, data_files) for p in policies},
                 study_base=cfg.study or f"attnft-compare-{task}")
     if importlib.util.find_spec("matplotlib") is None:  # compare.png, at the end: say it before any run
         raise ConfigError("attnft compare needs matplotlib for its picture: pip install 'attnft[compare]'")

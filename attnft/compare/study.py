@@ -70,9 +70,11 @@ class Settings:
     val_top1: Optional[float] = None
 
 
-def identity(ft: FinetuneConfig, policy: str, holdout: float) -> dict:
-    """What a study's trials are of, as its user attributes hold it (JSON values)."""
-    return {**settings_of(ft.to_dict(), OWN_FIELDS | NOT_IDENTITY), "policy": policy, "holdout": holdout}
+def identity(ft: FinetuneConfig, policy: str, holdout: float, data_files: Optional[str] = None) -> dict:
+    """What a study's trials are of, as its user attributes hold it (JSON values): the settings, and what the data's
+    folder holds (``data_files``, :func:`attnft.data.data_fingerprint`; None: a hub dataset or a preset's files)."""
+    data = {"data_files": data_files} if data_files is not None else {}
+    return {**settings_of(ft.to_dict(), OWN_FIELDS | NOT_IDENTITY), **data, "policy": policy, "holdout": holdout}
 
 
 def settings_of(values: dict, leave_out: frozenset) -> dict:
