@@ -81,3 +81,31 @@ def test_the_data_fingerprint_is_the_files_whatever_the_path_and_not_their_order
     (copy / "train" / "Trouser" / "new.png").write_bytes((copy / "train" / "Trouser").iterdir().__next__().read_bytes())
     assert data_fingerprint(str(copy), None) != data_fingerprint(str(clothes), None)
     assert data_fingerprint("fashion-mnist", None) is None and data_fingerprint("owner/name", None) is None
+
+
+@pytest.mark.parametrize("where", ["output", "store", "data in store"])
+def test_nothing_is_written_inside_the_dataset_folder_nor_the_dataset_read_from_the_store(capsys, tmp_path, where):
+    """compare.png in the dataset folder would be an image of a new class the next time: an output dir or a store
+    inside it is refused (and a dataset inside the store), by compare and finetune alike, before anything is
+    written."""
+    import shutil
+
+    store = tmp_path / "store"
+    clothes = fashion_folder(tmp_path / "clothes", train=10, test=5)
+    out = tmp_path / "out"
+    if where == "output":
+        out = clothes / "report"
+    elif where == "store":
+        store = clothes / "train" / "adapters"
+    else:
+        clothes = shutil.copytree(clothes, store / "clothes")
+    flag, words = {"output": ("--output-dir", "lies inside the dataset folder"),
+                   "store": ("--store", "lies inside the dataset folder"),
+                   "data in store": ("--dataset", "lies inside the adapter store")}[where]
+    argv = compare_argv(clothes, out, store, "--batch-size", "8", policies="head", search=None)
+    _fails_cleanly(capsys, argv, words=[flag, words], untouched=[tmp_path])
+    finetune = ["finetune", *argv[argv.index("--dataset"):argv.index("--policies")], "--output-dir", str(out / "run"),
+                "--store", str(store), "--model", "vit_fmnist_patch4_28", "--steps", "1", "--batch-size", "8",
+                "--workers", "0", "--no-progress"]
+    _fails_cleanly(capsys, finetune, words=[flag, words], untouched=[tmp_path])
+    assert not out.exists() and (where == "data in store" or not store.exists())

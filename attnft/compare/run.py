@@ -28,6 +28,7 @@ from ..core.errors import ConfigError
 from ..core.files import check_outside_attnft_folders, check_outside_store, write_text_atomically
 from ..data import data_fingerprint
 from ..training.config import FinetuneConfig
+from ..training.plan import check_apart_from_data
 from ..training.run_folder import RunLock
 from ..training.step_clock import progress_bar
 from ..methods import parse_method
@@ -126,6 +127,7 @@ def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
         raise ConfigError("attnft compare needs matplotlib for its picture: pip install 'attnft[compare]'")
     check_outside_attnft_folders(folder, "--output-dir")
     check_outside_store(folder, "--output-dir", store.root)
+    check_apart_from_data(ft, store, {"--output-dir": folder})
     if not cfg.search_only:
         CompareLock.check_free(folder)
     _check_compare_folder(folder, plan.ident[policies[0]])
