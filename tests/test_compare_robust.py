@@ -109,3 +109,34 @@ def test_nothing_is_written_inside_the_dataset_folder_nor_the_dataset_read_from_
                 "--workers", "0", "--no-progress"]
     _fails_cleanly(capsys, finetune, words=[flag, words], untouched=[tmp_path])
     assert not out.exists() and (where == "data in store" or not store.exists())
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("minimize", ["one objective to minimize"]),
+    ("two objectives", ["2 objectives"]),
+    ("other parameters", ["its trials draw momentum, x", "attnft's draw lr and weight_decay"]),
+])
+def test_a_study_of_another_tool_is_refused_before_anything_is_written_into_it(capsys, data, tmp_path, kind,  # noqa: F811
+                                                                              words):
+    """A study under --study that is no search of attnft's (another direction, several objectives, trials of other
+    parameters) is refused in one line, nothing written into it or the compare folder, by a worker or the default
+    SQLite study of a compare folder alike."""
+    url = f"sqlite:///{tmp_path / 'foreign.db'}"
+    directions = {"minimize": ["minimize"], "two objectives": ["maximize", "maximize"]}.get(kind, ["maximize"])
+    study = optuna.create_study(study_name="foreign-head", storage=url, directions=directions)
+    if kind == "other parameters":
+        study.optimize(lambda t: t.suggest_float("x", 0, 1) + t.suggest_float("momentum", 0, 1), n_trials=1)
+    for extra in (["--search-only"], []):
+        argv = compare_argv(data, tmp_path / "out", tmp_path / "store", "--storage", url, "--study", "foreign", *extra,
+                            policies="head", search="1")
+        _fails_cleanly(capsys, argv, words=["the study foreign-head in sqlite:///", "is no search of attnft compare",
+                                            *words], untouched=[tmp_path])
+    assert not (tmp_path / "out").exists()
+    # the same study as the default one of a compare folder
+    folder = tmp_path / "folder"
+    assert main(compare_argv(data, folder, tmp_path / "store", policies="head", search=None)) == 0
+    optuna.copy_study(from_study_name="foreign-head", from_storage=url, to_storage=f"sqlite:///{folder / 'study.db'}",
+                      to_study_name="attnft-compare-clothes-head")
+    _fails_cleanly(capsys, compare_argv(data, folder, tmp_path / "store", policies="head", search="1"),
+                   words=["the study attnft-compare-clothes-head", "is no search of attnft compare", *words],
+                   untouched=[tmp_path])

@@ -135,6 +135,8 @@ def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
         search.require_optuna()
         if cfg.storage is not None:  # an unreachable database, before the folder is made
             plan.storage = _checked_storage(plan, cfg.storage)
+        elif (folder / search.STUDY_FILE).is_file():  # a resumed comparison's: checked before its folder is written
+            plan.storage = _checked_storage(plan, _sqlite_url(folder))
     for p in policies:
         if not cfg.search_only and not is_finished(_final_place(plan, p, 0)[0]):
             store.check_writable(plan.names[p], cfg.overwrite)
@@ -170,7 +172,12 @@ def start_folder(plan: Plan) -> None:
     marker = {"format": MARKER_FORMAT, **plan.ident[plan.cfg.policy_list[0]], "policies": plan.cfg.policy_list}
     write_text_atomically(plan.folder / MARKER, json.dumps(marker, indent=2) + "\n", MARKER)
     if plan.cfg.search is not None and plan.storage is None:
-        plan.storage = _checked_storage(plan, f"sqlite:///{(plan.folder / search.STUDY_FILE).resolve()}")
+        plan.storage = _checked_storage(plan, _sqlite_url(plan.folder))
+
+
+def _sqlite_url(folder: Path) -> str:
+    """The default study database: an SQLite file in the compare folder."""
+    return f"sqlite:///{(folder / search.STUDY_FILE).resolve()}"
 
 
 def search_policy(plan: Plan, policy: str, progress, resumed: bool = False):

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 STUDY_FILE = "study.db"  # the default storage, in the compare folder
 WEIGHT_DECAY_RANGE = (1e-4, 0.3)
+SEARCHED = ("lr", "weight_decay")  # the parameters a trial draws (trial_objective's)
 SCHEMA_ATTEMPTS = 5
 # a running trial records a heartbeat this often; one silent for the grace period (its process or machine gone) is
 # failed by the next process that looks, so that it neither counts toward N nor holds up the report
@@ -119,32 +120,40 @@ def _reason(error: Exception, url: str) -> str:
 
 
 def open_study(storage, name: str, ident: dict, pruner: str, epochs: int):
-    """The study ``name`` (created, or joined), checked to hold trials of ``ident`` only. Its sampler is set per
-    trial (:func:`run_trials`)."""
+    """The study ``name`` (created, or joined), checked to be a search of attnft's holding trials of ``ident`` only
+    (:func:`check_study`) before anything is written into it. Its sampler is set per trial (:func:`run_trials`)."""
     optuna = require_optuna()
+    check_study(storage, name, ident)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                                 pruner=_pruner(optuna, pruner, epochs), load_if_exists=True)
-    held = study.user_attrs
     for key, value in ident.items():
-        if key in held and held[key] != value:
-            raise ConfigError(f"the study {name} in {safe_url(storage.url)} holds trials of {key} {held[key]!r}, not "
-                              f"{value!r}: pass another --study (or --output-dir) for this comparison")
-        if key not in held:
+        if key not in study.user_attrs:
             study.set_user_attr(key, value)
     return study
 
 
 def check_study(storage, name: str, ident: dict) -> None:
-    """ConfigError if the study ``name`` exists and holds trials of anything but ``ident``; reads only."""
+    """ConfigError if the study ``name`` exists and is no search of attnft's (another direction, several objectives,
+    trials of other parameters) or holds trials of anything but ``ident``; reads only."""
     optuna = require_optuna()
     try:
-        study = optuna.load_study(study_name=name, storage=storage)
+        study = optuna.load_study(study_name=name, storage=storage, sampler=optuna.samplers.RandomSampler())
     except KeyError:
         return  # not there yet
+    where = f"the study {name} in {safe_url(getattr(storage, 'url', 'memory'))}"
+    fix = "pass another --study (or --output-dir)"
+    directions = [d.name.lower() for d in study.directions]
+    if directions != ["maximize"]:
+        what = f"{len(directions)} objectives" if len(directions) > 1 else f"one objective to {directions[0]}"
+        raise ConfigError(f"{where} is no search of attnft compare: it has {what}, attnft's maximizes one (the held-out "
+                          f"top-1): {fix}")
+    foreign = sorted({p for t in study.get_trials(deepcopy=False) for p in t.distributions} - set(SEARCHED))
+    if foreign:
+        raise ConfigError(f"{where} is no search of attnft compare: its trials draw {', '.join(foreign)[:80]}, "
+                          f"attnft's draw {' and '.join(SEARCHED)}: {fix}")
     for key, value in ident.items():
         if key in study.user_attrs and study.user_attrs[key] != value:
-            raise ConfigError(f"the study {name} in {safe_url(storage.url)} holds trials of {key} "
-                              f"{study.user_attrs[key]!r}, not {value!r}: pass another --study (or --output-dir)")
+            raise ConfigError(f"{where} holds trials of {key} {study.user_attrs[key]!r}, not {value!r}: {fix}")
 
 
 def trial_sampler(seed: int, policy: str, search: int, number: int):
