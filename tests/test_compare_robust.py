@@ -4,6 +4,7 @@ folders inside folders, foreign studies, flags that do nothing, a comparison kil
 Real runs of the bundled 28 px model on a small folder of real Fashion-MNIST images (tests/test_compare.py's), real
 SQLite and PostgreSQL studies.
 """
+import re
 import subprocess
 import sys
 
@@ -140,3 +141,61 @@ def test_a_study_of_another_tool_is_refused_before_anything_is_written_into_it(c
     _fails_cleanly(capsys, compare_argv(data, folder, tmp_path / "store", policies="head", search="1"),
                    words=["the study attnft-compare-clothes-head", "is no search of attnft compare", *words],
                    untouched=[tmp_path])
+
+
+@pytest.mark.parametrize("extra, search, words", [
+    (["--storage", "sqlite:///x.db"], None, ["--storage is for the search: pass --search N"]),
+    (["--study", "s"], None, ["--study is for the search"]),
+    (["--pruner", "none"], None, ["--pruner is for the search"]),
+    (["--holdout", "0.3"], None, ["--holdout is for the search"]),
+    (["--search-seed", "0"], None, ["--search-seed is for the search"]),
+    (["--holdout", "0.3", "--study", "s"], None, ["--holdout, --study are for the search"]),
+    (["--policies", "attn,,head"], "1", ["--policies has an empty item: 'attn,,head'"]),
+    (["--policies", "attn,head,"], "1", ["--policies has an empty item"]),
+    (["--policies", "lora:r=8,lora:r=08"], "1", ["lora:r=8 and lora:r=08 are the same policy"]),
+    (["--policies", "lora,lora:r=8"], "1", ["lora and lora:r=8 are the same policy"]),
+    (["--policies", "lora:r=16,alpha=32,lora:alpha=32,r=16"], "1", ["are the same policy"]),
+    (["--policies", "attn+norm,attn+norm+norm"], "1", ["are the same policy"]),
+    (["--search-seed", "-5"], "2", ["--search-seed must be from 0 to 4294967295, got -5"]),
+    (["--storage", "just-a-file.db"], "2", ["--storage must be a database URL"]),
+])
+def test_what_a_comparison_would_ignore_or_run_twice_is_refused_before_anything_is_written(capsys, data, tmp_path,  # noqa: F811
+                                                                                           extra, search, words):
+    argv = compare_argv(data, tmp_path / "out", tmp_path / "store", *extra, policies="head", search=search)
+    _fails_cleanly(capsys, argv, words=words, untouched=[tmp_path])
+    assert not (tmp_path / "out").exists() and not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("store", ["out/store", "out/final/head"])
+def test_a_store_inside_the_compare_folder_is_refused_before_anything_runs(capsys, data, tmp_path, store):  # noqa: F811
+    argv = compare_argv(data, tmp_path / "out", tmp_path / store, policies="head", search="1")
+    _fails_cleanly(capsys, argv, words=["--store", "lies inside the compare folder"], untouched=[tmp_path])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("values, words", [
+    (dict(seeds=2.5), "seeds must be int, got 2.5"),
+    (dict(seeds=True), "seeds must be int, got True"),
+    (dict(search=2.5), "search must be int, got 2.5"),
+    (dict(search=2, search_seed=-1), "--search-seed must be from 0"),
+    (dict(search=2, storage=123), "--storage must be a database URL"),
+    (dict(search=2, holdout="a lot"), "holdout must be float"),
+    (dict(search=2, search_only="maybe"), "search_only must be"),
+    (dict(policies=["attn"]), "policies must be str"),
+])
+def test_a_compare_config_built_from_python_checks_its_types_as_finetunes_does(values, words):
+    from attnft.compare.config import CompareConfig
+    from attnft.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        CompareConfig(**values)
+
+
+def test_the_search_flags_take_their_defaults_with_a_search_only():
+    from attnft.compare.config import CompareConfig
+
+    searched = CompareConfig(search=2)
+    assert (searched.holdout, searched.pruner, searched.search_seed) == (0.2, "median", 0)
+    assert CompareConfig(search=2.0, seeds="3").search == 2 and CompareConfig(seeds="3").seeds == 3
+    plain = CompareConfig()
+    assert (plain.holdout, plain.pruner, plain.search_seed) == (None, None, None)

@@ -25,7 +25,7 @@ from typing import Optional
 from ..adapters.names import fit_name
 from ..adapters.store import AdapterStore
 from ..core.errors import ConfigError
-from ..core.files import check_outside_attnft_folders, check_outside_store, write_text_atomically
+from ..core.files import check_outside, check_outside_attnft_folders, check_outside_store, write_text_atomically
 from ..data import data_fingerprint
 from ..training.config import FinetuneConfig
 from ..training.plan import check_apart_from_data
@@ -128,6 +128,8 @@ def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
     check_outside_attnft_folders(folder, "--output-dir")
     check_outside_store(folder, "--output-dir", store.root)
     check_apart_from_data(ft, store, {"--output-dir": folder})
+    check_outside(store.root, "--store", folder, f"the compare folder {folder}",
+                  "the store holds adapters only, the compare folder the comparison's runs")
     if not cfg.search_only:
         CompareLock.check_free(folder)
     _check_compare_folder(folder, plan.ident[policies[0]])

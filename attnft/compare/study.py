@@ -71,11 +71,13 @@ class Settings:
     val_top1: Optional[float] = None
 
 
-def identity(ft: FinetuneConfig, policy: str, holdout: float, data_files: Optional[str] = None) -> dict:
-    """What a study's trials are of, as its user attributes hold it (JSON values): the settings, and what the data's
-    folder holds (``data_files``, :func:`attnft.data.data_fingerprint`; None: a hub dataset or a preset's files)."""
+def identity(ft: FinetuneConfig, policy: str, holdout: Optional[float], data_files: Optional[str] = None) -> dict:
+    """What a study's trials are of, as its user attributes hold it (JSON values): the settings, what the data's
+    folder holds (``data_files``, :func:`attnft.data.data_fingerprint`; None: a hub dataset or a preset's files) and
+    the hold-out (None: a comparison without a search, whose folder is then compared on the rest)."""
     data = {"data_files": data_files} if data_files is not None else {}
-    return {**settings_of(ft.to_dict(), OWN_FIELDS | NOT_IDENTITY), **data, "policy": policy, "holdout": holdout}
+    split = {"holdout": holdout} if holdout is not None else {}
+    return {**settings_of(ft.to_dict(), OWN_FIELDS | NOT_IDENTITY), **data, "policy": policy, **split}
 
 
 def settings_of(values: dict, leave_out: frozenset) -> dict:
