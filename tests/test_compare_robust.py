@@ -199,3 +199,23 @@ def test_the_search_flags_take_their_defaults_with_a_search_only():
     assert CompareConfig(search=2.0, seeds="3").search == 2 and CompareConfig(seeds="3").seeds == 3
     plain = CompareConfig()
     assert (plain.holdout, plain.pruner, plain.search_seed) == (None, None, None)
+
+
+def test_a_comparison_stopped_after_its_adapter_reached_the_store_resumes_and_replaces_it(capsys, data,  # noqa: F811
+                                                                                          tmp_path):
+    """The final run saved its adapter, then the comparison was killed before it recorded the run (simulated: the
+    run's result.json and compare_run.json gone, as a kill between the save and them leaves it). The adapter names
+    the run folder that trained it (a hash of its path): the resumed comparison knows it for its own and replaces it
+    without --overwrite; another compare folder's comparison of the same task is still refused it."""
+    out, store = tmp_path / "out", tmp_path / "store"
+    argv = compare_argv(data, out, store, policies="head", search=None)
+    assert main(argv) == 0
+    run, adapter = out / "final" / "head" / "seed-0", store / "compare-clothes-head" / "adapter_config.json"
+    for name in ("result.json", "compare_run.json"):
+        (run / name).unlink()
+    stamp = adapter.stat().st_mtime_ns
+    _fails_cleanly(capsys, compare_argv(data, tmp_path / "other", store, policies="head", search=None),
+                   words=["an adapter named 'compare-clothes-head' exists", "--overwrite"], untouched=[tmp_path])
+    assert main(argv) == 0
+    assert (run / "compare_run.json").is_file() and adapter.stat().st_mtime_ns != stamp
+    assert [p.name for p in store.iterdir()] == ["compare-clothes-head"]

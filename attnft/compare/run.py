@@ -24,12 +24,12 @@ from typing import Optional
 
 from ..adapters.names import fit_name
 from ..adapters.store import AdapterStore
-from ..core.errors import ConfigError
+from ..core.errors import AttnftError, ConfigError
 from ..core.files import check_outside, check_outside_attnft_folders, check_outside_store, write_text_atomically
 from ..data import data_fingerprint
 from ..training.config import FinetuneConfig
 from ..training.plan import check_apart_from_data
-from ..training.run_folder import RunLock
+from ..training.run_folder import RunLock, run_folder_id
 from ..training.step_clock import progress_bar
 from ..methods import parse_method
 from . import study as search
@@ -141,7 +141,7 @@ def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
             plan.storage = _checked_storage(plan, _sqlite_url(folder))
     for p in policies:
         if not cfg.search_only and not is_finished(_final_place(plan, p, 0)[0]):
-            store.check_writable(plan.names[p], cfg.overwrite)
+            store.check_writable(plan.names[p], _final_place(plan, p, 0)[3])  # its own adapter, saved killed, replaced
         _check_finished_final_runs(plan, p)
         _check_runs(plan, p)
     return plan
@@ -237,8 +237,21 @@ def _final_place(plan: Plan, policy: str, seed: int) -> tuple[Path, Path, str, b
     compare folder, its own to replace."""
     run_dir = plan.folder / "final" / slug(policy) / f"seed-{seed}"
     if seed == 0:
-        return run_dir, plan.store.root, plan.names[policy], plan.cfg.overwrite
+        return run_dir, plan.store.root, plan.names[policy], plan.cfg.overwrite or _saved_by(plan, policy, run_dir)
     return run_dir, plan.folder / "final" / "adapters", f"{plan.names[policy]}-seed{seed}", True
+
+
+def _saved_by(plan: Plan, policy: str, run_dir: Path) -> bool:
+    """Whether the store's adapter of ``policy`` was saved by the final run in ``run_dir``, which did not finish (the
+    comparison was stopped after the run saved it): its own, which the resumed comparison replaces."""
+    name = plan.names[policy]
+    if is_finished(run_dir) or not plan.store.exists(name):
+        return False
+    try:
+        training = plan.store.config(name).training
+    except AttnftError:  # unreadable: not known to be ours
+        return False
+    return isinstance(training, dict) and training.get("run_folder") == run_folder_id(run_dir)
 
 
 def _check_finished_final_runs(plan: Plan, policy: str) -> None:
