@@ -2,7 +2,7 @@
 
 :mod:`.config` (what is asked), :mod:`.study` (the Optuna search on a held-out split), :mod:`.final` (the
 chosen settings retrained and scored, one process a run), :mod:`.report` (compare.md / .json / .png),
-:mod:`.run` (the command's flow, :func:`compare`).
+:mod:`.urls` (a database URL without its password), :mod:`.run` (the command's flow, :func:`compare`).
 """
 from .config import CompareConfig
 from .run import compare

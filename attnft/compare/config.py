@@ -11,12 +11,17 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..core.errors import ConfigError, UnknownPolicyError
-from ..core.parsing import option
+from ..core.parsing import coerce_fields, option, short
 from ..methods import parse_method
+from ..training.config_checks import MAX_SEED
+from .urls import safe_url
 
 COMPARE, SEARCH = "comparison", "search"
 PAPER_POLICIES = "attn,ffn,full,head,lora,ia3"  # the paper's Table 6 rows, and the two peft methods
 PRUNERS = ("median", "hyperband", "none")
+DEFAULT_HOLDOUT, DEFAULT_PRUNER = 0.2, "median"
+# the search's flags: given without --search, refused (None: not given, each resolved to its default with --search)
+SEARCH_ONLY = ("holdout", "pruner", "search_seed", "storage", "study", "search_only")
 MAX_TRIALS = 1000
 MAX_SEEDS = 100
 # finetune's flags that the comparison sets itself, per run: it takes every other one
@@ -40,40 +45,68 @@ class CompareConfig:
                                    "the policy's default) and weight decay, scored on a held-out share of the "
                                    "training split; then the chosen settings retrained on all of it "
                                    "(default: no search, each policy at its own defaults)", group=SEARCH)
-    holdout: float = option(0.2, "share of the training split the search scores trials on (seeded, stratified)",
-                            group=SEARCH)
-    pruner: str = option("median", "stop a trial whose per-epoch held-out accuracy lags the others' (Optuna's "
-                         "MedianPruner, HyperbandPruner, or none)", choices=PRUNERS, group=SEARCH)
-    search_seed: int = option(0, "seed of the sampler (TPE) and of every trial's run", group=SEARCH)
+    holdout: Optional[float] = option(None, "share of the training split the search scores trials on (seeded, "
+                                      f"stratified; default: {DEFAULT_HOLDOUT}, with --search only)", group=SEARCH)
+    pruner: Optional[str] = option(None, "stop a trial whose per-epoch held-out accuracy lags the others' (Optuna's "
+                                   f"MedianPruner, HyperbandPruner, or none; default: {DEFAULT_PRUNER}, with --search "
+                                   "only)", choices=PRUNERS, group=SEARCH)
+    search_seed: Optional[int] = option(None, "seed of the sampler (TPE) and of every trial's run (default: 0, with "
+                                        "--search only)", group=SEARCH)
     storage: Optional[str] = option(None, "the study's database, any URL Optuna takes (postgresql://..., "
                                     "mysql://...): several processes on several machines share its trials "
-                                    "(default: an SQLite file in the compare folder)", metavar="URL", group=SEARCH)
+                                    "(default: an SQLite file in the compare folder; with --search only)", metavar="URL",
+                                    group=SEARCH)
     study: Optional[str] = option(None, "the study's name in the database, one study per policy as NAME-POLICY "
-                                  "(default: attnft-compare-<task>)", metavar="NAME", group=SEARCH)
+                                  "(default: attnft-compare-<task>; with --search only)", metavar="NAME",
+                                  group=SEARCH)
     search_only: bool = option(False, "run search trials until each policy has --search of them, then stop (a "
                                "worker on one of several machines); the final runs and the report are left to "
                                "a run without it", group=SEARCH)
 
     def __post_init__(self) -> None:
-        if not self.policy_list:
-            raise ConfigError("--policies names no policy: give them comma-separated, e.g. attn,lora")
-        if len(set(self.policy_list)) != len(self.policy_list):
-            raise ConfigError(f"--policies names a policy twice: {self.policies}")
-        for spec in self.policy_list:
-            try:
-                parse_method(spec)
-            except UnknownPolicyError as e:
-                raise ConfigError(f"--policies: {e}") from None
+        coerce_fields(self)  # the types finetune's config takes, from Python and recipes alike
+        self._check_policies()
         if self.search is not None and not 1 <= self.search <= MAX_TRIALS:
             raise ConfigError(f"--search must be from 1 to {MAX_TRIALS} trials per policy, got {self.search}")
         if not 1 <= self.seeds <= MAX_SEEDS:
             raise ConfigError(f"--seeds must be from 1 to {MAX_SEEDS}, got {self.seeds}")
+        if self.search is None:  # the search's flags do nothing without one: said, not ignored
+            given = [f"--{name.replace('_', '-')}" for name in SEARCH_ONLY if getattr(self, name) is not None
+                     and getattr(self, name) is not False]
+            if given:
+                raise ConfigError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for the search: pass "
+                                  "--search N too (without it each policy trains at its own defaults)")
+            return
+        self.holdout = DEFAULT_HOLDOUT if self.holdout is None else self.holdout
+        self.pruner = DEFAULT_PRUNER if self.pruner is None else self.pruner
+        self.search_seed = 0 if self.search_seed is None else self.search_seed
         if not 0 < self.holdout < 1:
             raise ConfigError(f"--holdout must be between 0 and 1, got {self.holdout}")
         if self.pruner not in PRUNERS:
             raise ConfigError(f"--pruner must be one of {', '.join(PRUNERS)}, got {self.pruner}")
-        if self.search_only and self.search is None:
-            raise ConfigError("--search-only needs --search N: the trials it is to run")
+        if not 0 <= self.search_seed <= MAX_SEED:
+            raise ConfigError(f"--search-seed must be from 0 to {MAX_SEED}, got {self.search_seed}")
+        if self.storage is not None and "://" not in self.storage:
+            raise ConfigError(f"--storage must be a database URL (postgresql://..., sqlite:///FILE), got "
+                              f"{short(safe_url(self.storage), 60)!r}")
+
+    def _check_policies(self) -> None:
+        """ConfigError for an empty list or item, an unknown spec, or one policy twice (spelled alike or not)."""
+        if any(not item.strip() for item in self.policies.split(",")) and self.policies.strip():
+            raise ConfigError(f"--policies has an empty item: {short(self.policies, 80)!r} (one comma too many?)")
+        if not self.policy_list:
+            raise ConfigError("--policies names no policy: give them comma-separated, e.g. attn,lora")
+        parsed = []
+        for spec in self.policy_list:
+            try:
+                tuning = parse_method(spec)
+            except UnknownPolicyError as e:
+                raise ConfigError(f"--policies: {e}") from None
+            twin = next((p for p in parsed if p.trains_like(tuning)), None)
+            if twin is not None:
+                same = "twice" if twin.spec == spec else f"twice: {twin.spec} and {spec} are the same policy"
+                raise ConfigError(f"--policies names a policy {same} ({short(self.policies, 80)})")
+            parsed.append(tuning)
 
     @property
     def policy_list(self) -> list[str]:

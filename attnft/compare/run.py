@@ -25,16 +25,19 @@ from typing import Optional
 from ..adapters.names import fit_name
 from ..adapters.store import AdapterStore
 from ..core.checks import check_type
-from ..core.errors import ConfigError
-from ..core.files import check_outside_attnft_folders, check_outside_store, write_text_atomically
+from ..core.errors import AttnftError, ConfigError
+from ..core.files import check_outside, check_outside_attnft_folders, check_outside_store, write_text_atomically
+from ..data import data_fingerprint
 from ..training.config import FinetuneConfig
-from ..training.run_folder import RunLock
+from ..training.plan import check_apart_from_data
+from ..training.run_folder import RunLock, run_folder_id
 from ..training.step_clock import progress_bar
 from ..methods import parse_method
 from . import study as search
 from .config import MAX_SEEDS, CompareConfig
 from .final import final_config, is_finished, run_final, same_recipe
 from .report import final_line, policy_row, write_report
+from .urls import masked_argv
 
 MARKER = "compare_config.json"  # what makes a folder a comparison's, and of which task
 MARKER_FORMAT = "attnft-compare"
@@ -117,15 +120,19 @@ def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
     folder = Path(cfg.output_dir or Path("compare") / task)
     store = AdapterStore(ft.store)
     policies = cfg.policy_list
+    data_files = data_fingerprint(ft.dataset, ft.data_dir)  # a class or an image added: another study, folder
     plan = Plan(cfg=cfg, ft=ft, task=task, folder=folder, store=store,
                 names={p: fit_name(["compare", task, slug(p)], shorten=1, room=len(f"-seed{MAX_SEEDS - 1}"))
                        for p in policies},
-                ident={p: search.identity(ft, p, cfg.holdout) for p in policies},
+                ident={p: search.identity(ft, p, cfg.holdout, data_files) for p in policies},
                 study_base=cfg.study or f"attnft-compare-{task}")
     if importlib.util.find_spec("matplotlib") is None:  # compare.png, at the end: say it before any run
         raise ConfigError("attnft compare needs matplotlib for its picture: pip install 'attnft[compare]'")
     check_outside_attnft_folders(folder, "--output-dir")
     check_outside_store(folder, "--output-dir", store.root)
+    check_apart_from_data(ft, store, {"--output-dir": folder})
+    check_outside(store.root, "--store", folder, f"the compare folder {folder}",
+                  "the store holds adapters only, the compare folder the comparison's runs")
     if not cfg.search_only:
         CompareLock.check_free(folder)
     _check_compare_folder(folder, plan.ident[policies[0]])
@@ -133,9 +140,11 @@ def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
         search.require_optuna()
         if cfg.storage is not None:  # an unreachable database, before the folder is made
             plan.storage = _checked_storage(plan, cfg.storage)
+        elif (folder / search.STUDY_FILE).is_file():  # a resumed comparison's: checked before its folder is written
+            plan.storage = _checked_storage(plan, _sqlite_url(folder))
     for p in policies:
         if not cfg.search_only and not is_finished(_final_place(plan, p, 0)[0]):
-            store.check_writable(plan.names[p], cfg.overwrite)
+            store.check_writable(plan.names[p], _final_place(plan, p, 0)[3])  # its own adapter, saved killed, replaced
         _check_finished_final_runs(plan, p)
         _check_runs(plan, p)
     return plan
@@ -168,7 +177,12 @@ def start_folder(plan: Plan) -> None:
     marker = {"format": MARKER_FORMAT, **plan.ident[plan.cfg.policy_list[0]], "policies": plan.cfg.policy_list}
     write_text_atomically(plan.folder / MARKER, json.dumps(marker, indent=2) + "\n", MARKER)
     if plan.cfg.search is not None and plan.storage is None:
-        plan.storage = _checked_storage(plan, f"sqlite:///{(plan.folder / search.STUDY_FILE).resolve()}")
+        plan.storage = _checked_storage(plan, _sqlite_url(plan.folder))
+
+
+def _sqlite_url(folder: Path) -> str:
+    """The default study database: an SQLite file in the compare folder."""
+    return f"sqlite:///{(folder / search.STUDY_FILE).resolve()}"
 
 
 def search_policy(plan: Plan, policy: str, progress, resumed: bool = False):
@@ -226,8 +240,21 @@ def _final_place(plan: Plan, policy: str, seed: int) -> tuple[Path, Path, str, b
     compare folder, its own to replace."""
     run_dir = plan.folder / "final" / slug(policy) / f"seed-{seed}"
     if seed == 0:
-        return run_dir, plan.store.root, plan.names[policy], plan.cfg.overwrite
+        return run_dir, plan.store.root, plan.names[policy], plan.cfg.overwrite or _saved_by(plan, policy, run_dir)
     return run_dir, plan.folder / "final" / "adapters", f"{plan.names[policy]}-seed{seed}", True
+
+
+def _saved_by(plan: Plan, policy: str, run_dir: Path) -> bool:
+    """Whether the store's adapter of ``policy`` was saved by the final run in ``run_dir``, which did not finish (the
+    comparison was stopped after the run saved it): its own, which the resumed comparison replaces."""
+    name = plan.names[policy]
+    if is_finished(run_dir) or not plan.store.exists(name):
+        return False
+    try:
+        training = plan.store.config(name).training
+    except AttnftError:  # unreadable: not known to be ours
+        return False
+    return isinstance(training, dict) and training.get("run_folder") == run_folder_id(run_dir)
 
 
 def _check_finished_final_runs(plan: Plan, policy: str) -> None:
@@ -278,4 +305,5 @@ def _check_compare_folder(folder: Path, ident: dict) -> None:
 
 
 def command_line() -> str:
-    return "attnft " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    """The command as the report records it: the password of a URL in it (``--storage``) masked."""
+    return "attnft " + " ".join(shlex.quote(a) for a in masked_argv(sys.argv[1:]))

@@ -30,12 +30,14 @@ from ..core.errors import AttnftError, ConfigError, DivergedError
 from ..core.files import pid_alive
 from ..training.config import RUN_ONLY_FIELDS, FinetuneConfig
 from .config import OWN_FIELDS
+from .urls import masked, safe_url
 
 if TYPE_CHECKING:
     import optuna
 
 STUDY_FILE = "study.db"  # the default storage, in the compare folder
 WEIGHT_DECAY_RANGE = (1e-4, 0.3)
+SEARCHED = ("lr", "weight_decay")  # the parameters a trial draws (trial_objective's)
 SCHEMA_ATTEMPTS = 5
 # a running trial records a heartbeat this often; one silent for the grace period (its process or machine gone) is
 # failed by the next process that looks, so that it neither counts toward N nor holds up the report
@@ -69,9 +71,13 @@ class Settings:
     val_top1: Optional[float] = None
 
 
-def identity(ft: FinetuneConfig, policy: str, holdout: float) -> dict:
-    """What a study's trials are of, as its user attributes hold it (JSON values)."""
-    return {**settings_of(ft.to_dict(), OWN_FIELDS | NOT_IDENTITY), "policy": policy, "holdout": holdout}
+def identity(ft: FinetuneConfig, policy: str, holdout: Optional[float], data_files: Optional[str] = None) -> dict:
+    """What a study's trials are of, as its user attributes hold it (JSON values): the settings, what the data's
+    folder holds (``data_files``, :func:`attnft.data.data_fingerprint`; None: a hub dataset or a preset's files) and
+    the hold-out (None: a comparison without a search, whose folder is then compared on the rest)."""
+    data = {"data_files": data_files} if data_files is not None else {}
+    split = {"holdout": holdout} if holdout is not None else {}
+    return {**settings_of(ft.to_dict(), OWN_FIELDS | NOT_IDENTITY), **data, "policy": policy, **split}
 
 
 def settings_of(values: dict, leave_out: frozenset) -> dict:
@@ -103,52 +109,53 @@ def open_storage(url: str):
             racing = not isinstance(e, OperationalError) or "already exists" in str(e)
             if not racing or attempt == SCHEMA_ATTEMPTS - 1:
                 if not racing:
-                    reason = " ".join(str(getattr(e, "orig", None) or e).split())[:200]
-                    raise ConfigError(f"cannot use the study database {_safe_url(url)}: {reason}") from None
+                    raise ConfigError(f"cannot use the study database {safe_url(url)}: {_reason(e, url)}") from None
                 raise
             time.sleep(0.5 * (attempt + 1))
         except (SQLAlchemyError, ValueError, ImportError, OSError) as e:
-            reason = " ".join(str(getattr(e, "orig", None) or e).split())[:200]
-            raise ConfigError(f"cannot use the study database {_safe_url(url)}: {reason}") from None
+            raise ConfigError(f"cannot use the study database {safe_url(url)}: {_reason(e, url)}") from None
 
 
-def _safe_url(url: str) -> str:
-    """``url`` without its password."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL at all: say it as given
-        return url
+def _reason(error: Exception, url: str) -> str:
+    """The database's error in one line, ``url``'s password masked (a URL it cannot parse is quoted whole)."""
+    return masked(" ".join(str(getattr(error, "orig", None) or error).split()), url)[:200]
 
 
 def open_study(storage, name: str, ident: dict, pruner: str, epochs: int):
-    """The study ``name`` (created, or joined), checked to hold trials of ``ident`` only. Its sampler is set per
-    trial (:func:`run_trials`)."""
+    """The study ``name`` (created, or joined), checked to be a search of attnft's holding trials of ``ident`` only
+    (:func:`check_study`) before anything is written into it. Its sampler is set per trial (:func:`run_trials`)."""
     optuna = require_optuna()
+    check_study(storage, name, ident)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                                 pruner=_pruner(optuna, pruner, epochs), load_if_exists=True)
-    held = study.user_attrs
     for key, value in ident.items():
-        if key in held and held[key] != value:
-            raise ConfigError(f"the study {name} in {_safe_url(storage.url)} holds trials of {key} {held[key]!r}, not "
-                              f"{value!r}: pass another --study (or --output-dir) for this comparison")
-        if key not in held:
+        if key not in study.user_attrs:
             study.set_user_attr(key, value)
     return study
 
 
 def check_study(storage, name: str, ident: dict) -> None:
-    """ConfigError if the study ``name`` exists and holds trials of anything but ``ident``; reads only."""
+    """ConfigError if the study ``name`` exists and is no search of attnft's (another direction, several objectives,
+    trials of other parameters) or holds trials of anything but ``ident``; reads only."""
     optuna = require_optuna()
     try:
-        study = optuna.load_study(study_name=name, storage=storage)
+        study = optuna.load_study(study_name=name, storage=storage, sampler=optuna.samplers.RandomSampler())
     except KeyError:
         return  # not there yet
+    where = f"the study {name} in {safe_url(getattr(storage, 'url', 'memory'))}"
+    fix = "pass another --study (or --output-dir)"
+    directions = [d.name.lower() for d in study.directions]
+    if directions != ["maximize"]:
+        what = f"{len(directions)} objectives" if len(directions) > 1 else f"one objective to {directions[0]}"
+        raise ConfigError(f"{where} is no search of attnft compare: it has {what}, attnft's maximizes one (the held-out "
+                          f"top-1): {fix}")
+    foreign = sorted({p for t in study.get_trials(deepcopy=False) for p in t.distributions} - set(SEARCHED))
+    if foreign:
+        raise ConfigError(f"{where} is no search of attnft compare: its trials draw {', '.join(foreign)[:80]}, "
+                          f"attnft's draw {' and '.join(SEARCHED)}: {fix}")
     for key, value in ident.items():
         if key in study.user_attrs and study.user_attrs[key] != value:
-            raise ConfigError(f"the study {name} in {_safe_url(storage.url)} holds trials of {key} "
-                              f"{study.user_attrs[key]!r}, not {value!r}: pass another --study (or --output-dir)")
+            raise ConfigError(f"{where} holds trials of {key} {study.user_attrs[key]!r}, not {value!r}: {fix}")
 
 
 def trial_sampler(seed: int, policy: str, search: int, number: int):
@@ -311,9 +318,20 @@ def _release_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def _drop_adapter(store: Path, name: str) -> None:
+    """Remove the adapter a trial saved: nothing reads it (the study keeps the settings the final runs retrain), and
+    a search of N trials would keep N of them, each as large as the policy's trained weights."""
+    from ..adapters.store import AdapterStore
+
+    trials = AdapterStore(store)
+    if trials.exists(name):
+        trials.delete(name)
+
+
 def trial_objective(ft: FinetuneConfig, policy: str, default_lr: float, holdout: float, seed: int, folder: Path,
                     store: Path, slug: str) -> Callable:
-    """The function a trial runs: one attnft run, in this process, its output in ``folder/trial-NNN``."""
+    """The function a trial runs: one attnft run, in this process, its output in ``folder/trial-NNN``; the adapter
+    it saves in ``store`` is removed when it ends."""
     from ..training.runner import finetune
 
     low, high = lr_range(default_lr)
@@ -346,6 +364,7 @@ def trial_objective(ft: FinetuneConfig, policy: str, default_lr: float, holdout:
             except AttnftError as e:
                 raise ConfigError(f"trial {trial.number} of {policy} failed: {e}") from None
             finally:
+                _drop_adapter(store, cfg.name)
                 _release_device_memory()
         return float(result.accuracy_after)
 

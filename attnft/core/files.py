@@ -26,7 +26,7 @@ PathLike = Union[str, os.PathLike]
 from .folders import (  # noqa: F401  (re-exported: the file names and folder kinds have their home in .folders)
     ADAPTER_FOLDER, ATTNFT_FOLDERS, CARD_FILE, CONFIG_FILE, EXPORT_CONFIG, EXPORT_FOLDER, EXPORT_FORMAT,
     EXPORT_WEIGHTS, PROCESSOR_FILE, SIDECAR_FILE, WEIGHTS_FILE, FolderKind, FolderKinds, Marker,
-    check_outside_attnft_folders, check_outside_store, enclosing_attnft_folder,
+    check_outside, check_outside_attnft_folders, check_outside_data, check_outside_store, enclosing_attnft_folder,
 )
 
 _RENAME_NOREPLACE = 1

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from .errors import StoreError
+from .errors import ConfigError, StoreError
 
 PathLike = Union[str, os.PathLike]
 
@@ -173,3 +173,20 @@ def check_outside_store(path: PathLike, what: str, store_root: PathLike) -> None
                          "the store holds adapters only; choose a path outside it")
 
 
+
+
+def check_outside_data(path: PathLike, what: str, data: Optional[PathLike], data_flag: str) -> None:
+    """ConfigError if ``path`` is, or lies inside, the dataset folder ``data`` (symlinks followed; None: a dataset
+    that is no local folder): what attnft writes there would be read as data the next time (a picture as an image of
+    a new class, a run folder as one more)."""
+    if data is not None:
+        check_outside(path, what, data, f"the dataset folder {data} ({data_flag})",
+                      "what attnft writes there would be read as data")
+
+
+def check_outside(path: PathLike, what: str, folder: PathLike, named: str, why: str) -> None:
+    """ConfigError if ``path`` is, or lies inside, ``folder`` (symlinks followed), ``named`` so, for ``why``."""
+    root, target = Path(os.path.realpath(folder)), Path(os.path.realpath(path))
+    if target == root or root in target.parents:
+        raise ConfigError(f"{what} {path} {'is' if target == root else 'lies inside'} {named}: {why}; choose a path "
+                          "outside it")

@@ -15,7 +15,7 @@ from .images import (
     flatten,
     to_rgb,
 )
-from .loading import TaskData, check_batch_size, load_task, quiet_datasets
+from .loading import TaskData, check_batch_size, data_fingerprint, load_task, local_folder, quiet_datasets
 from .presets import PRESETS, DatasetPreset, get_preset, takes_inat_category
 from .inaturalist import check_inat_category
 from .transforms import (
@@ -43,10 +43,12 @@ __all__ = [
     "check_auto_augment",
     "check_batch_size",
     "check_inat_category",
+    "data_fingerprint",
     "collate_skipping_failures",
     "decode_image",
     "get_preset",
     "load_task",
+    "local_folder",
     "make_mixup",
     "quiet_datasets",
     "flatten",

@@ -52,6 +52,15 @@ class Listing:
     folders: dict[str, list[str]]
     key: str
 
+    @property
+    def fingerprint(self) -> str:
+        """What the folder holds, in a few words: its files' count and a sha256 of their paths (relative to the
+        folder, sorted: the same in any file system's order and at any path). A class folder or an image added,
+        removed or renamed changes it; an image edited in place does not."""
+        paths = sorted(folder + name for folder, names in self.folders.items() for name in names)
+        digest = hashlib.sha256("\0".join(paths).encode(errors="surrogateescape")).hexdigest()
+        return f"{len(paths)} files, sha256 {digest[:16]}"
+
 
 @dataclass
 class FolderIndex:

@@ -18,6 +18,7 @@ from datasets import ClassLabel, Image, IterableDataset, Value
 from datasets.utils.stratify import stratified_shuffle_split_generate_indices
 
 from ..core.errors import DataError
+from .folders import list_folder
 from .images import ArrayRows, ImageClassificationDataset, ImageClassificationIterable
 from .presets import PRESETS, takes_inat_category
 from .sources import Loaded, is_hub_id, load_hub, load_local, load_preset, looks_like_path
@@ -168,6 +169,23 @@ def load_task(
             os.path.normpath(location))
 
     return _finish(loaded, name, image_key, label_key, max_train, max_eval, val_fraction, search_holdout)
+
+
+def data_fingerprint(dataset: str | None, data_dir: str | None) -> str | None:
+    """What the local folder ``load_task(dataset, data_dir=data_dir)`` reads holds (:attr:`folders.Listing.fingerprint`:
+    its files, so its classes and images), from one walk; None where the task is read from the hub or a preset's
+    own files. DataError for a folder that cannot be read."""
+    location = local_folder(dataset, data_dir)
+    return list_folder(location).fingerprint if location is not None else None
+
+
+def local_folder(dataset: str | None, data_dir: str | None) -> str | None:
+    """The local folder ``load_task(dataset, data_dir=data_dir)`` reads (as given, ``~`` expanded); None for the hub
+    or a preset's own files."""
+    if data_dir is None and (dataset is None or dataset in PRESETS):
+        return None
+    location = os.path.expanduser(data_dir or dataset)
+    return location if os.path.isdir(location) else None
 
 
 def _finish(loaded: Loaded, name: str, image_key, label_key, max_train, max_eval, val_fraction,

@@ -8,6 +8,7 @@ asks the family.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -86,6 +87,15 @@ class Tuning:
     def family(self) -> str:
         """The entry of that table: the base policy (``head`` for ``head+bias``) or the peft method (``lora``)."""
         raise NotImplementedError
+
+    def trains_like(self, other: "Tuning") -> bool:
+        """Whether ``other`` is the same policy spelled otherwise (``lora:r=8`` and ``lora:r=08``, ``attn@8-11`` and
+        ``attn@11,8-10``): the same family, and its spec parsed to the same policy but for the text it was read from."""
+        def parsed(policy) -> list:
+            return [getattr(policy, f.name) for f in dataclasses.fields(policy) if f.name != "name"]
+
+        return type(self) is type(other) and type(self.policy) is type(other.policy) and \
+            parsed(self.policy) == parsed(other.policy)
 
     def check_blocks(self, num_blocks: int, model_name: str) -> None:
         """UnknownPolicyError if ``@BLOCKS`` names a block a model of ``num_blocks`` blocks does not have."""

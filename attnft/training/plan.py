@@ -19,7 +19,7 @@ from .checkpoints import find_resume_checkpoint
 from .config import FinetuneConfig
 from .processes import check_runtime, new_accelerator, warn_if_fewer_processes
 from .results import default_adapter_name
-from ..core.files import check_outside_attnft_folders, check_outside_store
+from ..core.files import check_outside_attnft_folders, check_outside_data, check_outside_store
 from .run_folder import RunLock, check_output_dir_free, check_output_dir_usable
 from .speed import PREFETCH_FACTOR, default_workers
 
@@ -210,12 +210,27 @@ def _check_where_it_writes(cfg: FinetuneConfig, store: AdapterStore, name: str) 
     output_dir = Path(cfg.output_dir or Path("runs") / name)
     check_outside_attnft_folders(output_dir, "--output-dir")  # a run's files never enter an adapter or the store
     check_outside_store(output_dir, "--output-dir", store.root)
+    check_apart_from_data(cfg, store, {"--output-dir": output_dir})
     RunLock.check_free(output_dir)
     check_output_dir_usable(output_dir)
     checkpoint = find_resume_checkpoint(output_dir, cfg.to_dict()) if cfg.resume else None
     if checkpoint is None:
         check_output_dir_free(output_dir, overwrite=cfg.overwrite, resume=cfg.resume)
     return output_dir, checkpoint
+
+
+def check_apart_from_data(cfg: FinetuneConfig, store: AdapterStore, writes: dict) -> None:
+    """ConfigError for a folder the run writes (``writes``: its flag -> path; and the store) inside the dataset's
+    local folder, where the next run would read it as data, or for that folder inside the store."""
+    from ..data import local_folder
+
+    data = local_folder(cfg.dataset, cfg.data_dir)
+    if data is None:
+        return
+    flag = "--data-dir" if cfg.data_dir is not None else "--dataset"
+    for what, path in {**writes, "--store": store.root}.items():
+        check_outside_data(path, what, data, flag)
+    check_outside_store(data, flag, store.root)
 
 
 def split_length(split) -> Optional[int]:

@@ -14,7 +14,7 @@ from ..adapters.names import fit_name
 from ..core.errors import StoreError
 from ..data import takes_inat_category
 from .evaluate import EvalResult
-from .run_folder import METRICS_FILE, RESULT_FILE, RUN_CONFIG_FILE
+from .run_folder import METRICS_FILE, RESULT_FILE, RUN_CONFIG_FILE, run_folder_id
 
 
 @dataclass
@@ -91,10 +91,11 @@ def eval_record(result: EvalResult) -> dict:
     return {"eval_top1": result.top1, "eval_top5": result.top5, "eval_loss": result.loss}
 
 
-def training_record(cfg: FinetuneConfig, task, final: EvalResult) -> dict:
-    """What the adapter keeps of how it was trained (the whole config is in the run's config.yaml)."""
+def training_record(cfg: FinetuneConfig, task, final: EvalResult, output_dir: Path) -> dict:
+    """What the adapter keeps of how it was trained (the whole config is in the run's config.yaml, in the run folder
+    that ``run_folder`` names by a hash of its path)."""
     record = {"dataset": task.name, "top1": final.top1, "epochs": cfg.epochs, "steps": cfg.steps,
-              "aug": cfg.aug, "seed": cfg.seed}
+              "aug": cfg.aug, "seed": cfg.seed, "run_folder": run_folder_id(output_dir)}
     if cfg.distillation != "none":
         record["distillation"] = {"type": cfg.distillation, "alpha": cfg.distillation_alpha,
                                   "tau": cfg.distillation_tau, "teacher": cfg.teacher,

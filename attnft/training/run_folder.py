@@ -6,6 +6,7 @@ JSON or YAML, whole or not at all.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -86,6 +87,12 @@ def is_run_folder(output_dir: Path) -> bool:
             return f.read(len(RUN_CONFIG_HEADER) + 1).decode("utf-8", "replace").rstrip("\n") == RUN_CONFIG_HEADER
     except OSError:
         return False
+
+
+def run_folder_id(output_dir: Path) -> str:
+    """The run folder an adapter was trained in, as its training record names it: a sha256 of the folder's real
+    path, so that no path leaves the machine with the adapter (a comparison recognises its own adapter by it)."""
+    return hashlib.sha256(os.path.realpath(output_dir).encode(errors="surrogateescape")).hexdigest()[:16]
 
 
 def check_output_dir_free(output_dir: Path, overwrite: bool, resume: bool) -> None:

@@ -165,7 +165,7 @@ def _save_and_report(plan: RunPlan, trained: nn.Module, final: EvalResult, steps
     cfg, task, store, name, output_dir = plan.cfg, plan.task, plan.store, plan.name, plan.output_dir
     report, base, data_cfg, res = plan.applied.report, plan.applied.base, plan.data_cfg, plan.res
     record = AdapterRecord.of(trained, model_name=cfg.model, input_size=res, label_names=task.label_names,
-                              data_config=data_cfg, training=training_record(cfg, task, final))
+                              data_config=data_cfg, training=training_record(cfg, task, final, output_dir))
 
     def save(into: AdapterStore) -> Path:  # in the method's format (peft: its own)
         return into.save(name, trained, report, base, record, overwrite=cfg.overwrite and into is store)
