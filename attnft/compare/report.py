@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
-from ..core.files import write_text_atomically
+from ..core.files import io_error, write_text_atomically
 from .final import FinalRun
 from .study import Settings
 
@@ -97,9 +97,12 @@ def write_report(folder: Path, rows: list[dict], header: dict) -> dict:
     """compare.md, compare.json and compare.png in ``folder``; the report as a dict."""
     summary = summarize(rows)
     report = {**header, "policies": rows, **summary}
+    try:
+        _plot(folder / REPORT_PNG, rows, header)  # first, the largest: a full disk stops the report before the rest
+    except OSError as e:
+        raise io_error(e, f"writing {REPORT_PNG} (the runs are kept: run the comparison again to report)") from None
     write_text_atomically(folder / REPORT_JSON, json.dumps(report, indent=2) + "\n", REPORT_JSON)
     write_text_atomically(folder / REPORT_MD, render_markdown(rows, header, summary), REPORT_MD)
-    _plot(folder / REPORT_PNG, rows, header)
     return report
 
 
@@ -123,6 +126,11 @@ def _plot(path: Path, rows: list[dict], header: dict) -> None:
     fig.suptitle(f"{header['task']} on {header['model']} ({len(rows[0]['seeds'])} seed(s) a policy)")
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        fig.savefig(tmp, dpi=120)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # nothing half-written
+        raise
+    finally:
+        plt.close(fig)

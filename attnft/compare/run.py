@@ -25,6 +25,7 @@ from typing import Optional
 from ..adapters.names import fit_name
 from ..adapters.store import AdapterStore
 from ..core.checks import check_type
+from ..core.parsing import short
 from ..core.errors import AttnftError, ConfigError
 from ..core.files import check_outside, check_outside_attnft_folders, check_outside_store, write_text_atomically
 from ..data import data_fingerprint
@@ -41,6 +42,7 @@ from .urls import masked_argv
 
 MARKER = "compare_config.json"  # what makes a folder a comparison's, and of which task
 MARKER_FORMAT = "attnft-compare"
+MAX_STUDY_NAME = 512  # characters of a study name Optuna's table holds
 
 
 class CompareLock(RunLock):
@@ -125,7 +127,11 @@ def check_compare(cfg: CompareConfig, ft: FinetuneConfig) -> Plan:
                 names={p: fit_name(["compare", task, slug(p)], shorten=1, room=len(f"-seed{MAX_SEEDS - 1}"))
                        for p in policies},
                 ident={p: search.identity(ft, p, cfg.holdout, data_files) for p in policies},
-                study_base=cfg.study or f"attnft-compare-{task}")
+                study_base=cfg.study or fit_name(["attnft-compare", task], shorten=1))
+    longest = max(len(f"{plan.study_base}-{p}") for p in policies)
+    if longest > MAX_STUDY_NAME:  # Optuna's column: a database would refuse it mid-way, a folder left behind
+        raise ConfigError(f"--study {short(plan.study_base, 60)!r} makes study names of {longest} characters with the "
+                          f"policies' specs: at most {MAX_STUDY_NAME}; pass a shorter --study")
     if importlib.util.find_spec("matplotlib") is None:  # compare.png, at the end: say it before any run
         raise ConfigError("attnft compare needs matplotlib for its picture: pip install 'attnft[compare]'")
     check_outside_attnft_folders(folder, "--output-dir")

@@ -98,6 +98,7 @@ def open_storage(url: str):
     from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     engine_kwargs = {"connect_args": {"connect_timeout": 10}} if url.startswith(("postgresql", "mysql")) else {}
+    _check_no_foreign_tables(url, engine_kwargs)
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
             with warnings.catch_warnings():  # the heartbeat is "experimental" in Optuna since 2.9
@@ -106,7 +107,8 @@ def open_storage(url: str):
                                                   grace_period=GRACE_S)
         except (IntegrityError, ProgrammingError, OperationalError) as e:
             # workers started together on an empty database race to create Optuna's tables: the loser finds them
-            racing = not isinstance(e, OperationalError) or "already exists" in str(e)
+            denied = "permission denied" in str(e).lower() or "insufficientprivilege" in str(e).lower()
+            racing = not denied and (not isinstance(e, OperationalError) or "already exists" in str(e))
             if not racing or attempt == SCHEMA_ATTEMPTS - 1:
                 if not racing:
                     raise ConfigError(f"cannot use the study database {safe_url(url)}: {_reason(e, url)}") from None
@@ -114,6 +116,29 @@ def open_storage(url: str):
             time.sleep(0.5 * (attempt + 1))
         except (SQLAlchemyError, ValueError, ImportError, OSError) as e:
             raise ConfigError(f"cannot use the study database {safe_url(url)}: {_reason(e, url)}") from None
+
+
+_OPTUNA_TABLES = {"studies", "trials", "version_info"}  # a database Optuna made holds these (and more)
+
+
+def _check_no_foreign_tables(url: str, engine_kwargs: dict) -> None:
+    """ConfigError, before Optuna writes its schema, if the database holds tables but not Optuna's: another
+    program's database (an SQLite file of an app, say) gets no study tables added."""
+    import sqlalchemy
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        engine = sqlalchemy.create_engine(url, **engine_kwargs)
+        try:
+            tables = set(sqlalchemy.inspect(engine).get_table_names())
+        finally:
+            engine.dispose()
+    except (SQLAlchemyError, ValueError, ImportError, OSError) as e:
+        raise ConfigError(f"cannot use the study database {safe_url(url)}: {_reason(e, url)}") from None
+    if tables and not _OPTUNA_TABLES <= tables:
+        shown = ", ".join(sorted(tables)[:3]) + (" ..." if len(tables) > 3 else "")
+        raise ConfigError(f"the study database {safe_url(url)} holds another program's tables ({shown}) and no "
+                          "Optuna study: pass an empty database or one of Optuna's")
 
 
 def _reason(error: Exception, url: str) -> str:
