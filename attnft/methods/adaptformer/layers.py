@@ -25,7 +25,6 @@ forward hook of the block (or branch) adds it. Every tensor is stacked per task 
 from __future__ import annotations
 
 import math
-import sys
 import threading
 from dataclasses import dataclass
 
@@ -40,6 +39,7 @@ from timm.models.vision_transformer import (
 from torch import nn
 
 from ...core.errors import ConfigError
+from ..added.backbones import transformers_backbone
 from ..rows import pick
 
 FAMILY = "adaptformer"
@@ -111,23 +111,6 @@ class Bottleneck(nn.Module):
     def add_kept(self, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
         """Forward hook on the block (or FFN branch): its output plus the kept bottleneck output."""
         return out + self._kept.pop(threading.get_ident())
-
-
-def transformers_backbone(model: nn.Module) -> nn.Module | None:
-    """The ``ViTModel`` / ``DeiTModel`` of a transformers ViT or DeiT image classifier, else None."""
-    if "transformers" not in sys.modules:  # a transformers model has imported it; a timm one need not wait for it
-        return None
-    from transformers import (
-        DeiTForImageClassification,
-        DeiTForImageClassificationWithTeacher,
-        ViTForImageClassification,
-    )
-
-    if isinstance(model, ViTForImageClassification):
-        return model.vit
-    if isinstance(model, (DeiTForImageClassification, DeiTForImageClassificationWithTeacher)):
-        return model.deit
-    return None
 
 
 def check_model(model: nn.Module) -> None:

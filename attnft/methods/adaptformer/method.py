@@ -4,9 +4,7 @@ base's function (:mod:`.layers`); the head trained whole. The bottlenecks add co
 cannot be merged into a plain checkpoint: it loads through attnft."""
 from __future__ import annotations
 
-from typing import Optional
 
-from torch import nn
 
 from ...roles import Role, RoleMap
 from ..added import AddedMethod
@@ -20,17 +18,9 @@ class AdaptFormerMethod(AddedMethod):
     specs = "adaptformer (as in 'adaptformer:dim=32')"
     prefixes = (layers.PREFIX,)
     options_cls = layers.Options
+    layers = layers
     training_defaults = TrainingDefaults(5e-3, "provisional: the authors' and V-PETL Bench's AdamW rates for "
                                                "bottleneck adapters (1e-3 to 1e-2)")
-
-    def check_model(self, model: nn.Module) -> None:
-        layers.check_model(model)
-
-    def add(self, model: nn.Module, options, *, blocks: Optional[frozenset[int]] = None, tasks: int = 1) -> list[str]:
-        return layers.add(model, options, tasks)
-
-    def remove(self, model: nn.Module) -> None:
-        layers.remove(model)
 
     def role_of(self, name: str, role_map: RoleMap) -> Role:
         return Role.FFN

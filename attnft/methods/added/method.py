@@ -1,9 +1,9 @@
 """:class:`AddedMethod`: a family that adds modules to a base, as one :class:`attnft.methods.Method`.
 
 A family subclasses it and fills in what is its own: ``name``, ``format_name``, ``specs``, ``prefixes``, its options
-dataclass (``options_cls``), its ``training_defaults``, and four calls on a model — ``check_model`` (what it can
-add to), ``add`` (install its modules; ``tasks`` rows each), ``remove``, and optionally ``merge`` (fold them into the
-base, for ``export``). Training freezes the base but the head, which trains whole; the adapter holds the added
+dataclass (``options_cls``), its ``training_defaults``, and three calls on a model — ``check_model`` (what it can
+add to), ``add`` (install its modules; ``tasks`` rows each), ``remove`` — given by its ``layers`` module or
+overridden, and optionally ``merge`` (fold them into the base, for ``export``). Training freezes the base but the head, which trains whole; the adapter holds the added
 tensors and the head.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from torch import nn
 
@@ -85,18 +85,22 @@ class AddedMethod(Method):
     training_defaults: TrainingDefaults
     trains_under_fsdp = False  # not yet: its hooks read tensors FSDP would flatten; untested together
 
-    # --- what a family fills in ----------------------------------------------------------------
+    # --- what a family fills in: its ``layers`` module, or these four calls ------------------------
+
+    layers: Any = None  # a module with check_model(model), add(model, options, tasks) -> names, remove(model)
 
     def check_model(self, model: nn.Module) -> None:
         """ConfigError (one line, naming what is supported) unless the family can add to ``model``."""
+        self.layers.check_model(model)
 
     def add(self, model: nn.Module, options, *, blocks: Optional[frozenset[int]] = None, tasks: int = 1) -> list[str]:
-        """Install the family's modules on ``model`` (each tensor ``[tasks, ...]``); the names of their tensors."""
-        raise NotImplementedError
+        """Install the family's modules on ``model`` (each tensor ``[tasks, ...]``); the names of their tensors.
+        ``blocks`` (``@BLOCKS``) only where the family ``takes_blocks``."""
+        return self.layers.add(model, options, tasks)
 
     def remove(self, model: nn.Module) -> None:
         """Take the family's modules off ``model``: the plain base again."""
-        raise NotImplementedError
+        self.layers.remove(model)
 
     def role_of(self, name: str, role_map: RoleMap) -> Role:
         """The role an added tensor counts under in reports (by default: the role of the module it sits on)."""

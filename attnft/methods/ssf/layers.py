@@ -15,7 +15,6 @@ Each scale / shift is ``[T, C]``: one row per task (see :mod:`attnft.methods.row
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +29,7 @@ from timm.models.vision_transformer import (
 from torch import nn
 
 from ...core.errors import ConfigError
+from ..added.backbones import transformers_backbone
 from ..rows import pick
 
 FAMILY = "ssf"
@@ -47,23 +47,6 @@ _NORMS = (nn.LayerNorm, nn.RMSNorm, RmsNorm, SimpleNorm)  # timm's LayerNorm sub
 @dataclass(frozen=True)
 class Options:
     """SSF has no options: it follows every module named in the module docstring."""
-
-
-def transformers_backbone(model: nn.Module) -> nn.Module | None:
-    """The ``ViTModel`` / ``DeiTModel`` of a transformers ViT or DeiT image classifier, else None."""
-    if "transformers" not in sys.modules:  # a transformers model has imported it; a timm one need not wait for it
-        return None
-    from transformers import (
-        DeiTForImageClassification,
-        DeiTForImageClassificationWithTeacher,
-        ViTForImageClassification,
-    )
-
-    if isinstance(model, ViTForImageClassification):
-        return model.vit
-    if isinstance(model, (DeiTForImageClassification, DeiTForImageClassificationWithTeacher)):
-        return model.deit
-    return None
 
 
 def check_model(model: nn.Module) -> None:

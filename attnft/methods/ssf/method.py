@@ -18,17 +18,9 @@ class SsfMethod(AddedMethod):
     specs = "ssf"
     prefixes = (layers.PREFIX,)
     options_cls = layers.Options
+    layers = layers
     # the authors' VTAB scripts (dongzelian/SSF train_scripts): AdamW, 5e-3 to 1e-2 at batch 32, 10 warmup epochs
     training_defaults = TrainingDefaults(1e-2, "SSF's own VTAB rate (5e-3 at batch 32, AdamW), at batch 64")
-
-    def check_model(self, model: nn.Module) -> None:
-        layers.check_model(model)
-
-    def add(self, model: nn.Module, options, *, blocks: Optional[frozenset[int]] = None, tasks: int = 1) -> list[str]:
-        return layers.add(model, options, tasks)
-
-    def remove(self, model: nn.Module) -> None:
-        layers.remove(model)
 
     def merge(self, model: nn.Module) -> nn.Module:
         layers.merge(model)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -36,6 +35,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from ...core.errors import ConfigError
+from ..added.backbones import transformers_backbone
 from ..rows import pick
 
 FAMILY = "vpt"
@@ -74,23 +74,6 @@ class _Sequence(NamedTuple):
     prefix: int  # P: class, register and distillation tokens
     dim: int  # D
     patch: int  # pixels per patch (h * w), for the init
-
-
-def transformers_backbone(model: nn.Module) -> nn.Module | None:
-    """The ``ViTModel`` / ``DeiTModel`` of a transformers ViT or DeiT image classifier, else None."""
-    if "transformers" not in sys.modules:  # a transformers model has imported it; a timm one need not wait for it
-        return None
-    from transformers import (
-        DeiTForImageClassification,
-        DeiTForImageClassificationWithTeacher,
-        ViTForImageClassification,
-    )
-
-    if isinstance(model, ViTForImageClassification):
-        return model.vit
-    if isinstance(model, (DeiTForImageClassification, DeiTForImageClassificationWithTeacher)):
-        return model.deit
-    return None
 
 
 def _sequence(model: nn.Module) -> _Sequence:

@@ -4,9 +4,7 @@ the class (and register, distillation) tokens, new at every block's input (deep,
 every forward, so a VPT adapter cannot be merged into a plain checkpoint: it loads through attnft."""
 from __future__ import annotations
 
-from typing import Optional
 
-from torch import nn
 
 from ...roles import Role, RoleMap
 from ..added import AddedMethod
@@ -20,18 +18,10 @@ class VptMethod(AddedMethod):
     specs = "vpt (as in 'vpt:tokens=50,deep=false')"
     prefixes = (layers.PREFIX,)
     options_cls = layers.Options
+    layers = layers
     training_defaults = TrainingDefaults(1e-2, "provisional: V-PETL Bench / OSU's AdamW range for prompts (1e-3 to "
                                               "5e-2), the middle of benchmarks/lr_grid.py's first look")
     shares_base = False  # its prompts change every token sequence: no identity row for another family's samples
-
-    def check_model(self, model: nn.Module) -> None:
-        layers.check_model(model)
-
-    def add(self, model: nn.Module, options, *, blocks: Optional[frozenset[int]] = None, tasks: int = 1) -> list[str]:
-        return layers.add(model, options, tasks)
-
-    def remove(self, model: nn.Module) -> None:
-        layers.remove(model)
 
     def role_of(self, name: str, role_map: RoleMap) -> Role:
         return Role.TOKENS
