@@ -40,7 +40,7 @@ _HOMES = {
     "save_peft_adapter": "attnft.methods.peft.files",
     "verify_peft_adapter": "attnft.methods.peft.files",
     "load_peft_adapter": "attnft.methods.peft.files",
-    "peft_model_card": "attnft.methods.cards",
+    "peft_model_card": "attnft.methods.peft.card",
 }
 
 __all__ = list(_HOMES)

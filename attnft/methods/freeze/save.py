@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ...core.version import __version__
-from ..cards import model_card
+from .card import model_card
 from ...core.errors import AdapterError, ConfigError, StoreError
 from ...core.files import ADAPTER_FOLDER, PathLike, sha256_file, write_directory_atomically
 from ..fingerprint import unfingerprinted_names

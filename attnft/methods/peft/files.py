@@ -17,7 +17,7 @@ from peft import __version__ as PEFT_VERSION
 from torch import nn
 
 from ...core.version import __version__
-from ..cards import peft_model_card
+from .card import peft_model_card
 from ..record import AdapterRecord
 from ...core.errors import AdapterError, BaseMismatchError
 from ...core.files import ADAPTER_FOLDER, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, sha256_file, write_directory_atomically
