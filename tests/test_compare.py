@@ -399,3 +399,19 @@ def test_the_reporting_process_runs_the_trial_a_dead_worker_left_running(data, t
     trials = optuna.load_study(study_name="shared-attn", storage=url).trials
     assert trials[0].state.name == "FAIL"
     assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) == 2
+
+
+def test_the_private_heartbeat_call_is_the_one_optuna_has():
+    """attnft's one private Optuna call (attnft/compare/heartbeat.py), pinned: this Optuna is one it was checked on,
+    and the names it reaches for are there."""
+    from optuna.storages import _heartbeat
+
+    from attnft.compare.heartbeat import CHECKED_ON
+
+    version = tuple(int(part) for part in optuna.__version__.split(".")[:2])
+    low, high = (tuple(int(p) for p in v.split(".")) for v in CHECKED_ON)
+    assert low <= version <= high, f"check attnft/compare/heartbeat.py against Optuna {optuna.__version__}"
+    assert callable(_heartbeat.get_heartbeat_thread)
+    study = optuna.create_study()
+    trial = study.ask()
+    assert isinstance(trial._trial_id, int) and study._storage is not None

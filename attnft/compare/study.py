@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from .heartbeat import heartbeat
 from ..core.errors import AttnftError, ConfigError, DivergedError
 from ..core.files import pid_alive
 from ..training.config import RUN_ONLY_FIELDS, FinetuneConfig
@@ -226,7 +227,7 @@ def fail_dead_trials(study) -> None:
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         host, pid = trial.user_attrs.get("host"), trial.user_attrs.get("pid")
         if host == socket.gethostname() and isinstance(pid, int) and pid != os.getpid() and not pid_alive(pid):
-            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            _tell(study, trial.number, state=TrialState.FAIL)  # by number: public, from any process
 
 
 def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], None],
@@ -239,7 +240,7 @@ def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], N
 
     fail_dead_trials(study)
     while len(counted(study)) < search:
-        with warnings.catch_warnings():  # Optuna says so of ask-and-tell: _heartbeat keeps it as optimize does
+        with warnings.catch_warnings():  # Optuna says so of ask-and-tell: .heartbeat keeps it as optimize does
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
             trial = study.ask()
         study.sampler = sampler_for(trial.number)  # the trial samples lazily, at its suggest calls: from this one
@@ -251,7 +252,7 @@ def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], N
             study.tell(trial, state=TrialState.FAIL)
             break
         try:
-            with _heartbeat(study, trial):
+            with heartbeat(study, trial):
                 value = objective(trial)
         except TrialPruned:
             _tell(study, trial, state=TrialState.PRUNED)
@@ -274,19 +275,6 @@ def _tell(study, trial, *args, **kwargs) -> None:
         study.tell(trial, *args, **kwargs)
     except UpdateFinishedTrialError:
         pass
-
-
-@contextlib.contextmanager
-def _heartbeat(study, trial):
-    """The trial's heartbeat while it runs, as ``study.optimize`` keeps one (ask-and-tell keeps none itself)."""
-    from optuna.storages._heartbeat import get_heartbeat_thread
-
-    beating = get_heartbeat_thread(trial._trial_id, study._storage)  # a no-op where the storage has no heartbeat
-    beating.start()
-    try:
-        yield
-    finally:
-        beating.join()
 
 
 def wait_for_running(study, what: str, poll_s: float = 10.0, print_fn=print) -> None:
