@@ -378,9 +378,11 @@ def test_a_trial_that_diverges_ends_pruned_and_the_search_goes_on(data, tmp_path
     assert second.state.name == "COMPLETE"
 
 
-def test_the_reporting_process_runs_the_trial_a_dead_worker_left_running(data, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("extra", [[], ["--search-only"]])
+def test_the_reporting_process_runs_the_trial_a_dead_worker_left_running(data, tmp_path, monkeypatch, capsys, extra):
     """A worker died elsewhere mid-trial: its trial counted toward N while its heartbeat was fresh; once stale it is
-    failed, and the process that reports runs the trial missing instead of waiting for it for ever."""
+    failed, and the process that reports runs the trial missing instead of waiting for it for ever; a --search-only
+    worker too, instead of stopping a trial short."""
     import attnft.compare.study as search
 
     monkeypatch.setattr(search, "HEARTBEAT_S", 1)
@@ -394,7 +396,7 @@ def test_the_reporting_process_runs_the_trial_a_dead_worker_left_running(data, t
     storage.record_heartbeat(dead._trial_id)  # its last beat
     start = time.monotonic()
     assert main(compare_argv(data, tmp_path / "out", tmp_path / "store", "--storage", url, "--study", "shared",
-                             policies="attn", search="2")) == 0
+                             *extra, policies="attn", search="2")) == 0
     assert time.monotonic() - start < 120
     trials = optuna.load_study(study_name="shared-attn", storage=url).trials
     assert trials[0].state.name == "FAIL"

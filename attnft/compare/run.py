@@ -97,7 +97,8 @@ def _compare(plan: Plan, command: str) -> Optional[dict]:
     progress = progress_bar(total, 0, ft.progress)
     progress.set_description("compare")
     studies = {p: search_policy(plan, p, progress) for p in cfg.policy_list} if cfg.search is not None else {}
-    if cfg.search_only:
+    if cfg.search_only:  # a worker ends when the study holds N trials that finished: a dead peer's are run again
+        studies = {p: _settled(plan, p, study, progress) for p, study in studies.items()}
         progress.close()
         for p, study in studies.items():
             counts = search.trial_counts(study)
