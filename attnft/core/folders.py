@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from .errors import ConfigError, StoreError
+from .errors import AdapterError, ConfigError, StoreError
 
 PathLike = Union[str, os.PathLike]
 
@@ -30,7 +30,17 @@ PROCESSOR_FILE = "preprocessor_config.json"
 
 # what only attnft writes: the "format" of the JSON file that marks each kind of folder as attnft's own
 EXPORT_FORMAT = "attnft-export"  # attnft.json of an export folder
-_MARKER_MAX_BYTES = 64 << 20  # an adapter config lists every tensor: a few MB for the largest models
+CONFIG_MAX_BYTES = 64 << 20  # an adapter config lists every tensor: a few MB for the largest models
+
+
+def read_config_text(path: PathLike) -> str:
+    """The text of a JSON config attnft reads (an adapter's, a sidecar); AdapterError, before a byte is read, for
+    one over :data:`CONFIG_MAX_BYTES` (a server would hold it in memory, whole, for nothing)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > CONFIG_MAX_BYTES:
+            raise AdapterError(f"{path} is {size:,} bytes: an adapter's config is at most {CONFIG_MAX_BYTES >> 20} MB")
+        return f.read(CONFIG_MAX_BYTES + 1).decode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -48,7 +58,7 @@ class Marker:
             return False
         with open(fd, "rb") as f:
             info = os.fstat(f.fileno())
-            if not stat.S_ISREG(info.st_mode) or info.st_size > _MARKER_MAX_BYTES:
+            if not stat.S_ISREG(info.st_mode) or info.st_size > CONFIG_MAX_BYTES:
                 return False
             try:
                 data = json.loads(f.read())

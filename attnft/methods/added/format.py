@@ -15,13 +15,13 @@ import torch
 from ...core.checks import Fields
 from ...core.errors import AdapterError
 from ...core.files import ADAPTER_FOLDER, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, PathLike, sha256_file, write_directory_atomically
+from ...core.folders import read_config_text
 from ...core.version import __version__
 from ..base_model import timm_version
 from ..record import AdapterRecord
 from ..tensors import check_finite, check_finite_file, check_num_classes, safetensors_header
 
 FORMAT_VERSION = 1
-MAX_CONFIG_BYTES = 64 << 20  # as the folder-marker reader: a config lists every tensor, a few MB at most
 
 
 def format_of(family: str) -> str:
@@ -64,8 +64,7 @@ class AddedConfig:
         """The config of folder ``path``, every field checked; AdapterError for anything else."""
         source = Path(path) / CONFIG_FILE
         try:
-            with open(source, "rb") as f:
-                data = json.loads(f.read(MAX_CONFIG_BYTES + 1)[:MAX_CONFIG_BYTES + 1])
+            data = json.loads(read_config_text(source))
         except (OSError, ValueError, RecursionError) as e:
             raise AdapterError(f"{source} cannot be read: {' '.join(str(e).split())[:200]}") from None
         if not isinstance(data, dict) or data.get("format") != format_of(family):

@@ -10,6 +10,7 @@ import torch
 
 from ...core.errors import AdapterError, first_line
 from ...core.files import PathLike, sha256_file
+from ...core.folders import read_config_text
 from ...roles import Role
 from ..tensors import _nonfinite_count, check_finite_file, check_num_classes, safetensors_header
 from .config import CONFIG_FILE, WEIGHTS_FILE, Adapter, AdapterConfig, stored_shape
@@ -24,7 +25,7 @@ def read_config(path: PathLike) -> AdapterConfig:
     if not config_file.is_file():
         raise AdapterError(f"{path} has no {CONFIG_FILE}: not an adapter, or an incomplete copy")
     try:
-        data = json.loads(config_file.read_text())
+        data = json.loads(read_config_text(config_file))
     except (ValueError, UnicodeDecodeError) as e:
         raise AdapterError(f"{config_file} is not valid JSON ({first_line(e)})") from None
     except RecursionError:

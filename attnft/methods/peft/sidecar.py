@@ -13,6 +13,7 @@ from typing import ClassVar, Optional, Union
 
 from ...core.checks import MAX_CLASSES, MAX_INPUT_SIDE, Fields
 from ...core.files import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE
+from ...core.folders import read_config_text
 from ...core.errors import AdapterError
 
 PEFT_METHOD_NAMES = ("lora", "ia3")  # attnft.methods.peft.spec.PEFT_METHODS, which imports torch (a test keeps them equal)
@@ -98,7 +99,7 @@ def read_peft_adapter(path: Union[str, os.PathLike]) -> PeftAdapterInfo:
         if not (path / name).is_file():
             raise AdapterError(f"{path} is not an attnft peft adapter: {name} is missing")
     try:
-        data = json.loads((path / SIDECAR_FILE).read_text())
+        data = json.loads(read_config_text(path / SIDECAR_FILE))
         if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
             raise ValueError(f"no \"format\": \"{SIDECAR_FORMAT}\"")
         if data.get("format_version", 0) > SIDECAR_VERSION:
