@@ -156,7 +156,8 @@ class AdapterStore:
             base: for a freezing policy, the ``BaseSnapshot`` captured before training (peft's report holds it).
             record: what the adapter says about itself (default: the model's own, ``AdapterRecord.of(model)``).
             overwrite: replace an adapter of that name.
-            mode: ``exact`` (trained values) or ``delta`` (trained minus base in ``delta_dtype``: ``float16``, ``bfloat16``).
+            mode: ``exact`` (trained values) or ``delta`` (trained minus base), attnft's format.
+            delta_dtype: the dtype of a delta: ``float16`` or ``bfloat16``.
 
         Returns:
             The adapter's folder.
@@ -236,10 +237,9 @@ class AdapterStore:
     def load(self, name: str, model: nn.Module, **load_kwargs) -> Union[nn.Module, "PeftModel"]:
         """Load adapter ``name`` onto ``model`` (the base it was trained on, at any input size); the module to call.
 
-        attnft's format: writes the trained tensors into ``model`` in place and returns ``model``
-        (``load_kwargs`` as :func:`attnft.methods.freeze.load.load_adapter`). peft's format: wraps
-        ``model`` (changed in place) and returns the **PeftModel** to call instead
-        (``load_kwargs`` as :func:`attnft.methods.peft.files.load_peft_adapter`).
+        attnft's format: writes the trained tensors into ``model`` in place and returns ``model`` (``load_kwargs`` as
+        :func:`attnft.methods.freeze.load.load_adapter`). peft's format: wraps ``model`` (changed in place) and returns
+        the **PeftModel** to call instead (``load_kwargs`` as :func:`attnft.methods.peft.files.load_peft_adapter`).
 
         Raises:
             StoreError: no adapter of that name.
