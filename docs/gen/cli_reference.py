@@ -74,7 +74,7 @@ def command_section(path: tuple[str, ...], parser: argparse.ArgumentParser, summ
                 names = ", ".join(f"`{name}`" for name in action.option_strings) or f"`{action.dest}`"
                 help_text = formatter._expand_help(action) if action.help else ""
                 rows.append(f"| {names} | {f'`{value_of(action)}`' if value_of(action) else ''} | {text(help_text)} |")
-        if commands:
+        if commands and len(path) > 1:  # attnft's own commands are the page's index above
             lines += ["| command | what it does |", "|---|---|", *commands, ""]
         if rows:
             positional = group.title == "positional arguments"
