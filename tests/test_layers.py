@@ -1,5 +1,6 @@
 """The package is built in layers, and the layers are a contract: import-linter's contracts in setup.cfg hold
-(every package imports only those below it, no circle), and the README's Layout names every package there is."""
+(every package imports only those below it, no circle), and the documentation's Layout page
+(docs/developer/layout.md) names every package and every module there is."""
 import re
 import shutil
 import subprocess
@@ -33,18 +34,22 @@ def _packages() -> set[str]:
     return {p.parent.name for p in PACKAGE.glob("*/__init__.py")} - {"peft_methods"}  # a public path, not a layer
 
 
+LAYOUT_PAGE = REPO / "docs" / "developer" / "layout.md"
+
+
 def _layout() -> str:
-    readme = (REPO / "README.md").read_text()
-    return readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    """The page's list of packages, bottom to top."""
+    page = LAYOUT_PAGE.read_text()
+    return page.split("## The packages, bottom to top", 1)[1].split("\n## ", 1)[0]
 
 
-def test_the_readme_layout_names_every_package_of_attnft_and_no_other():
+def test_the_layout_page_names_every_package_of_attnft_and_no_other():
     named = set(re.findall(r"^- \*\*`(\w+)/`\*\*", _layout(), flags=re.M))
     assert named == _packages()
 
 
-def test_the_readme_layout_names_every_module_of_each_package():
+def test_the_layout_page_names_every_module_of_each_package():
     layout = _layout()
     missing = [f"{p.parent.name}/{p.name}" for p in sorted(PACKAGE.glob("*/*.py"))
                if p.name != "__init__.py" and p.parent.name not in ("peft_methods",) and f"`{p.name}`" not in layout]
-    assert not missing, f"the README's Layout does not name: {missing}"
+    assert not missing, f"{LAYOUT_PAGE.relative_to(REPO)} does not name: {missing}"

@@ -352,11 +352,12 @@ def test_importing_attnft_and_running_other_commands_never_imports_the_http_libr
     assert result.returncode == 0, result.stderr
 
 
-def test_the_readmes_curl_line_runs(server, tmp_path):
+def test_the_serving_tutorials_curl_line_runs(server, tmp_path):
     curl = shutil.which("curl")
     if curl is None:
         pytest.skip("curl is not installed")
-    line = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("curl "))
+    page = ROOT / "docs" / "tutorials" / "serve.md"
+    line = next(line for line in page.read_text().splitlines() if line.startswith("curl "))
     image = re.search(r"@(\S+)", line).group(1)
     task = re.search(r"/v1/tasks/([^/]+)/classify", line).group(1)
     (tmp_path / image).write_bytes(png(150))

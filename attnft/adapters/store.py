@@ -57,7 +57,11 @@ def default_store_root() -> Path:
 
 
 class AdapterStore:
-    """Named adapters under one root folder."""
+    """Named adapters of every method family under one root folder, one sub-folder each.
+
+    Args:
+        root: the store's folder (created on the first save); default ``$ATTNFT_STORE``, else ``./adapters``.
+    """
 
     def __init__(self, root: Union[str, os.PathLike, None] = None):
         check_type(root, (str, os.PathLike, type(None)), "root", "a folder (str or os.PathLike) or None")
@@ -145,15 +149,24 @@ class AdapterStore:
         mode: str = "exact",
         delta_dtype: str = "float16",
     ) -> Path:
-        """Save an adapter under ``name``, in the format of the family that made ``report`` (its ``method_name``).
+        """Save an adapter under ``name`` (atomically), in the format of the family that made ``report``.
 
-        ``record``: what the adapter says about itself, its base, classes, data config, training and
-        licence (default: the model's own, :meth:`attnft.methods.record.AdapterRecord.of`).
-        A :class:`PolicyReport` (freezing policy): attnft's format, ``base`` being the snapshot
-        taken before training, ``mode`` exact or delta (in ``delta_dtype``) (:func:`attnft.methods.freeze.save.save_adapter`).
-        A :class:`attnft.methods.peft.model.PeftReport`: ``model`` is the PeftModel, saved in peft's
-        format; the report holds the base fingerprint, so no ``base``; the record's ``training`` is kept as
-        the sidecar's metadata. Refuses NaN / inf.
+        Args:
+            name: the adapter's name: ``[A-Za-z0-9][A-Za-z0-9._-]*``, no ``..``.
+            model: the trained model (for a peft method, the ``PeftModel``).
+            report: what trained, as ``apply_policy``, ``apply_peft_policy`` or a family's ``apply`` reported it.
+            base: for a freezing policy, the ``BaseSnapshot`` captured before training (peft's report holds it).
+            record: what the adapter says about itself (default: the model's own, ``AdapterRecord.of(model)``).
+            overwrite: replace an adapter of that name.
+            mode: ``exact`` (trained values) or ``delta`` (trained minus base), attnft's format.
+            delta_dtype: the dtype of a delta: ``float16`` or ``bfloat16``.
+
+        Returns:
+            The adapter's folder.
+
+        Raises:
+            StoreError: a bad name, an existing adapter without ``overwrite``, a store that cannot be written.
+            AdapterError: a tensor that is NaN or inf.
         """
         path = self.check_writable(name, overwrite)
         self._clean_stale()
@@ -224,12 +237,16 @@ class AdapterStore:
         return method_of(path).read(path)
 
     def load(self, name: str, model: nn.Module, **load_kwargs) -> Union[nn.Module, "PeftModel"]:
-        """Load adapter ``name`` onto ``model``; the module to call.
+        """Load adapter ``name`` onto ``model`` (the base it was trained on, at any input size); the module to call.
 
-        attnft's format: writes the trained tensors into ``model`` in place and returns ``model``
-        (``load_kwargs`` as :func:`attnft.methods.freeze.load.load_adapter`). peft's format: wraps
-        ``model`` (changed in place) and returns the **PeftModel** to call instead
-        (``load_kwargs`` as :func:`attnft.methods.peft.files.load_peft_adapter`).
+        attnft's format: writes the trained tensors into ``model`` in place and returns ``model`` (``load_kwargs`` as
+        :func:`attnft.methods.freeze.load.load_adapter`). peft's format: wraps ``model`` (changed in place) and returns
+        the **PeftModel** to call instead (``load_kwargs`` as :func:`attnft.methods.peft.files.load_peft_adapter`).
+
+        Raises:
+            StoreError: no adapter of that name.
+            AdapterError: files that do not verify, or tensors that do not fit the model.
+            BaseMismatchError: ``model`` is not the base the adapter was trained on.
         """
         path = self.folder(name)
         return method_of(path).load(model, path, **load_kwargs)
@@ -362,7 +379,19 @@ class FoundAdapter:
 
 
 def find_adapter(name_or_folder: str, store_root: Optional[PathLike] = None) -> FoundAdapter:
-    """The adapter in folder ``name_or_folder``, else the one of that name in the store at ``store_root``."""
+    """The adapter in folder ``name_or_folder``, else the one of that name in the store at ``store_root``.
+
+    Args:
+        name_or_folder: an adapter folder, or a name in the store.
+        store_root: the store (default: ``$ATTNFT_STORE``, else ``./adapters``).
+
+    Returns:
+        A ``FoundAdapter``: ``path``, ``method``, ``adapter`` as read, ``config``; ``.model()`` builds the base with it.
+
+    Raises:
+        StoreError: no such adapter.
+        AdapterError: files that do not verify.
+    """
     path = Path(name_or_folder) if os.path.isdir(name_or_folder) else AdapterStore(store_root).folder(name_or_folder)
     method = method_of(path)
     adapter = method.read(path)

@@ -31,7 +31,15 @@ OWN_FIELDS = frozenset({"policy", "lr", "weight_decay", "seed", "output_dir", "n
 
 @dataclass
 class CompareConfig:
-    """One comparison: every policy on the same data and base, each at its own best, scored alike."""
+    """One comparison: every policy on the same data and base, each at its own best, scored alike.
+
+    Every field is a keyword argument here and a flag of ``attnft compare`` (``search_only`` is
+    ``--search-only``); the fine-tuning settings the runs share are a ``FinetuneConfig`` beside it.
+
+    Raises:
+        ConfigError: no policy or one named twice, an unknown policy, ``search`` or ``seeds`` out of range, a
+            ``holdout`` outside (0, 1), an unknown pruner, ``search_only`` without ``search``.
+    """
 
     policies: str = option(PAPER_POLICIES, "the policies to compare, comma-separated (any finetune --policy spec)",
                            metavar="P1,P2,...", group=COMPARE)

@@ -82,7 +82,26 @@ class Plan:
 
 
 def compare(cfg: CompareConfig, ft: FinetuneConfig, command: str = "") -> Optional[dict]:
-    """Run the comparison; the report (None with ``--search-only``, which only runs trials)."""
+    """Run the comparison: ``attnft compare``. Every check runs before anything is written; the report is written
+    in the compare folder (``compare.md``, ``compare.json``, ``compare.png``) and each policy's first-seed adapter
+    goes to the store.
+
+    Args:
+        cfg: what only a comparison has: the policies, the search, the seeds, the compare folder, the study.
+        ft: the fine-tuning settings every run shares (model, data, epochs, batch, ...); the comparison sets each
+            run's policy, lr, weight decay, seed, output folder and name itself.
+        command: the command line, recorded in the report.
+
+    Returns:
+        The report as ``compare.json`` holds it: ``policies`` (one row per policy: top-1 mean and std, the chosen
+        lr and weight decay, trainable weights, adapter MB, step time, peak memory, ...), ``best`` and
+        ``cheapest_within_1``; None with ``search_only``, which only runs trials.
+
+    Raises:
+        ConfigError: a folder or study that holds another comparison, an unreachable storage, a folder another
+            comparison owns, or a setting finetune would refuse in one of the runs.
+        StoreError: an adapter name the comparison would write exists (without ``overwrite``).
+    """
     check_type(cfg, CompareConfig, "cfg", "a CompareConfig")
     check_type(ft, FinetuneConfig, "ft", "a FinetuneConfig (the settings every run shares)")
     plan = check_compare(cfg, ft)  # everything a user can get wrong, before anything is written

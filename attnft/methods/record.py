@@ -18,7 +18,20 @@ from .base_model import base_model_args, base_model_name, current_input_size, de
 
 @dataclass(frozen=True)
 class AdapterRecord:
-    """The base, the size, the classes, the preprocessing and how an adapter was trained."""
+    """The base, the size, the classes, the preprocessing and how an adapter was trained: what every family's
+    adapter records, built once by the caller (``AdapterRecord.of(model)``) and passed whole to the store.
+
+    Attributes:
+        model_name: how to create the base again, as ``attnft.create_model`` takes it.
+        model_args: timm's reconstruction arguments (``embed_dim``, ...), the JSON-able ones.
+        input_size: the square side in pixels the adapter was trained at.
+        num_classes: the head's classes.
+        label_names: the classes' names, or None.
+        data_config: mean, std, crop_pct, crop_mode, interpolation, input_size, background.
+        base_model_id: the hub repo of the base weights, when known.
+        license: the model card's licence (default: the base's).
+        training: how it was trained: dataset, accuracy, distillation, ...
+    """
 
     model_name: str  # how to create the base again, as attnft.models.create_model takes it
     model_args: dict  # timm's reconstruction kwargs (embed_dim, ...), the JSON-able ones
@@ -37,7 +50,20 @@ class AdapterRecord:
         """The record of an adapter trained on ``model`` (a base, or a PeftModel wrapping one); each field
         not given is the model's own: its name, its input size now, its data config at that size, its licence.
 
-        ConfigError when ``label_names`` do not match the model's classes.
+        Args:
+            model: the trained model, or a PeftModel wrapping it.
+            model_name: the name that creates the base again (default: the model's own).
+            input_size: pixels (default: the model's input size now).
+            label_names: the classes' names.
+            data_config: the preprocessing (default: the model's at that size).
+            training: how it was trained, kept in the adapter's config.
+            license: the card's licence.
+
+        Returns:
+            The record.
+
+        Raises:
+            ConfigError: ``label_names`` do not match the model's classes.
         """
         get_base = getattr(model, "get_base_model", None)
         base = get_base() if callable(get_base) else model

@@ -23,6 +23,8 @@ ENTRY_POINTS = "attnft.methods"  # the entry-point group of installed plugins: e
 # name -> family. Specs and folders go to the first that claims them; the fallback (freeze: it claims every folder
 # and its errors say what a spec or a folder lacks) stays last
 METHODS: dict[str, Method] = {}
+"""Every registered method family by name (``freeze``, ``peft``, ``vpt``, ``adaptformer``, ``ssf``, and plugins),
+in the order a spec or a folder is offered to them; attnft's freezing policies (``freeze``) come last."""
 _FALLBACK: list[Method] = []
 
 
@@ -32,8 +34,10 @@ def register_method(method: Method, *, fallback: bool = False) -> Method:
     Args:
         method: the family's :class:`Method` (a ``name``, its ``folder`` kind, its tensors' ``prefixes``, ...).
         fallback: the family asked last, after every other (attnft's own freezing policies).
+
     Returns:
         ``method``, so that a package can write ``FAMILY = register_method(Family())``.
+
     Raises:
         ConfigError: a family of that name is registered, or one of its prefixes overlaps another family's.
     """
@@ -67,9 +71,19 @@ MAX_SPEC_LENGTH = 256
 
 
 def parse_method(spec: str) -> Tuning:
-    """What policy ``spec`` trains, parsed by the family that names it; UnknownPolicyError for anything else.
+    """What policy ``spec`` trains, parsed by the family that names it.
 
     Imports no peft (seconds): that waits for :meth:`Tuning.apply` of a peft method.
+
+    Args:
+        spec: a ``--policy`` spec: ``attn``, ``ffn+norm@8-11``, ``lora:r=16``, ``vpt:tokens=50,deep=false``, ...
+
+    Returns:
+        The family's ``Tuning``: ``.method`` (its family), ``.family`` (its name within the family, e.g. ``lora``),
+        ``.defaults`` (learning rate and warmup), and ``.apply(model)`` to put it on a model.
+
+    Raises:
+        UnknownPolicyError: no family reads ``spec``, or its family refuses it (an unknown role or option).
     """
     if isinstance(spec, str) and len(spec) > MAX_SPEC_LENGTH:  # it is stored in every adapter and printed in reports
         raise UnknownPolicyError(f"policy spec of {len(spec):,} characters: a spec is at most {MAX_SPEC_LENGTH}, "
@@ -85,13 +99,34 @@ def parse_method(spec: str) -> Tuning:
 
 
 def method_for_spec(spec: str) -> Method:
-    """The family of policy ``spec``."""
+    """The family of policy ``spec``.
+
+    Args:
+        spec: a ``--policy`` spec, as :func:`parse_method` takes it.
+
+    Returns:
+        The registered ``Method`` that parses it (``METHODS[name]``).
+
+    Raises:
+        UnknownPolicyError: as :func:`parse_method`.
+    """
     return parse_method(spec).method
 
 
 def method_of(source: Union[str, os.PathLike, object]) -> Method:
     """The family of an adapter: a folder (told by its files, cheaply), or what a family made or read (a report, a
-    config, an adapter: each names its family in ``method_name``)."""
+    config, an adapter: each names its family in ``method_name``).
+
+    Args:
+        source: an adapter folder, or a report, config or adapter a family made or read.
+
+    Returns:
+        The registered ``Method`` whose adapter it is; for a folder no other family claims, attnft's freezing
+        policies (whose ``read`` and ``verify`` then say what the folder lacks).
+
+    Raises:
+        TypeError: ``source`` is neither a path nor anything a family made.
+    """
     if isinstance(source, (str, os.PathLike)):
         return next(method for method in METHODS.values() if method.detects(source))
     try:

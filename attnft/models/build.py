@@ -50,11 +50,28 @@ def create_model(
 ) -> nn.Module:
     """Build ``name`` at ``img_size`` pixels (square; None: the weights' size) with its weights.
 
-    ``name``: a timm name (:mod:`.sources`) or a transformers one (:mod:`.hf_models`). Weights:
-    ``checkpoint`` (a state dict file) if given, else the pretrained weights if ``pretrained``,
-    else random. ``num_classes`` None keeps the classes of the weights; another number gets a new
-    classifier. ``kwargs`` go to the model (timm: e.g. ``embed_dim``; transformers: config fields).
-    Raises UnknownModelError, ConfigError, AdapterError or OfflineError with a one-line reason.
+    Weights: ``checkpoint`` (a state dict file) if given, else the pretrained weights if ``pretrained``,
+    else random. Position embeddings and relative-position tables are resampled to ``img_size``.
+
+    Args:
+        name: a timm name, optionally with its tag (``vit_small_patch16_224.augreg_in1k``), ``hf-hub:ORG/REPO``,
+            ``local-dir:PATH``, a bundled model (``vit_fmnist_patch16_224``), or a transformers model
+            (``transformers:ORG/REPO``, or a folder ``save_pretrained`` wrote).
+        pretrained: load the model's pretrained weights (ignored when ``checkpoint`` is given).
+        checkpoint: a weights file to load instead: ``.safetensors``, or ``.pth`` read with ``weights_only``.
+        num_classes: classes of the head; None keeps the weights' own, another number gets a new classifier.
+        img_size: the square input side in pixels; None: the size the weights were made at.
+        drop_path_rate: stochastic depth rate.
+        **kwargs: passed to the model (timm: e.g. ``embed_dim``; transformers: config fields).
+
+    Returns:
+        The model (``torch.nn.Module``), in training mode, on the CPU.
+
+    Raises:
+        UnknownModelError: ``name`` is no model either library knows, nor a path that can be read.
+        ConfigError: an argument the model cannot take (a bad ``img_size``, say).
+        AdapterError: a ``checkpoint`` that does not fit the model.
+        OfflineError: the weights must be downloaded and the hub is off.
     """
     check_type(name, str, "name", "a model name (str), e.g. 'vit_small_patch16_224'")
     options = dict(kwargs, pretrained=pretrained, checkpoint=checkpoint, num_classes=num_classes, img_size=img_size,

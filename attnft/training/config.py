@@ -100,7 +100,15 @@ def _with_aug_flags(cls: type) -> type:
 class FinetuneConfig:
     """One fine-tuning run. ``batch_size`` is per process: the global batch is
     ``batch_size * processes * grad_accum``. Built through :meth:`from_dict` or the command
-    line without a dataset, it also takes :data:`DEFAULT_TASK_SETTINGS` (the quick demo)."""
+    line without a dataset, it also takes :data:`DEFAULT_TASK_SETTINGS` (the quick demo).
+
+    Every field is a keyword argument here, a flag of ``attnft finetune`` (``max_train`` is ``--max-train``) and
+    a recipe key, with the same default and help: ``FinetuneConfig(policy="lora", res=384, dataset="./my_images")``.
+    Each value is coerced to its type and checked when the dataclass is built.
+
+    Raises:
+        ConfigError: a value out of its range, or fields that contradict each other.
+    """
 
     # --- model
     model: str = _opt(DEFAULT_MODEL, "timm name (optionally .tag), hf-hub:ORG/REPO, local-dir:PATH, or a transformers "
@@ -304,6 +312,15 @@ class FinetuneConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "FinetuneConfig":
+        """The config of ``values`` (a recipe's ``key: value`` pairs), every other field at its default.
+
+        Args:
+            values: field name -> value; values are coerced to the field's type (``"384"`` to 384).
+            source: what the values came from, named in errors (``recipe FILE``).
+
+        Raises:
+            ConfigError: an unknown key, or a value out of its range.
+        """
         return from_dict(cls, values, source)
 
 

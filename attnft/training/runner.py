@@ -60,11 +60,30 @@ __all__ = ["FinetuneResult", "finetune"]
 
 
 def finetune(cfg: FinetuneConfig, *, on_epoch: Optional[Callable[[int, EvalResult], None]] = None) -> FinetuneResult:
-    """Fine-tune ``cfg.model`` under ``cfg.policy`` on ``cfg.dataset`` and save the adapter; see the module doc.
-    However the run ends, the policy's optimizer hook (global to the process) is removed and the trackers are ended.
+    """Fine-tune ``cfg.model`` under ``cfg.policy`` on ``cfg.dataset`` and save the adapter: ``attnft finetune``.
 
-    ``on_epoch(epoch, result)`` is called after each evaluation between epochs (--eval-every); an exception it
-    raises ends the run there, with no adapter saved (a search's pruner stops a trial so)."""
+    Everything a user can get wrong is checked before any file is written; the run prints what it does (the
+    role map, the data, the defaults it chose, time estimates) and its results, as the command does. However
+    the run ends, the policy's optimizer hook (global to the process) is removed and the trackers are ended.
+
+    Args:
+        cfg: the run; every field is a flag of ``attnft finetune`` and a recipe key.
+        on_epoch: called as ``on_epoch(epoch, result)`` after each evaluation between epochs (``eval_every``); an
+            exception it raises ends the run there, with no adapter saved (a search's pruner stops a trial so).
+
+    Returns:
+        A ``FinetuneResult`` (also ``result.json`` in the run folder): ``accuracy_before``, ``accuracy_after`` (%),
+        ``final_eval``, ``adapter_name``, ``adapter_path``, sizes, steps, ``output_dir``.
+
+    Raises:
+        ConfigError: a setting out of range, a run folder another run holds, a step that cannot fit in memory.
+        UnknownModelError: a model neither library knows.
+        UnknownPolicyError: a policy spec no family reads.
+        DataError: a dataset, split or column that cannot be found or read.
+        OfflineError: a download needed while the hub is off.
+        StoreError: an adapter of that name exists (without ``overwrite``), or the store cannot be written.
+        DivergedError: the loss or a trained weight became NaN or inf; nothing was saved.
+    """
     check_type(cfg, FinetuneConfig, "cfg", "a FinetuneConfig")
     with contextlib.ExitStack() as on_exit:
         plan = check_run(cfg, on_exit)  # everything a user can get wrong, before any file is written

@@ -30,9 +30,23 @@ def load_adapter(
 
     Checks, before touching the model: the caller's expectations (``num_classes``, ``policy``),
     that the adapter holds exactly the tensors its policy trains on this model, and that the
-    model is the base the adapter was trained on (fingerprint; pass ``base_fingerprint`` if
-    already computed, ``ignore_fingerprint=True`` to skip: experts only). Then resets the
-    classifier to the adapter's classes and the input size to the adapter's, and copies.
+    model is the base the adapter was trained on (fingerprint). Then resets the classifier to
+    the adapter's classes and the input size to the adapter's, and copies.
+
+    Args:
+        model: the base the adapter was trained on, at any input size; changed in place.
+        path_or_adapter: an attnft adapter folder, or an ``Adapter`` already read.
+        ignore_fingerprint: skip the base check (experts only: the weights must be the same).
+        base_fingerprint: the model's fingerprint, if already computed.
+        num_classes: if given, the classes the adapter must have.
+        policy: if given, the policy spec the adapter must have been trained under.
+
+    Returns:
+        The adapter's ``AdapterConfig``.
+
+    Raises:
+        AdapterError: files that do not verify, other classes or policy than expected, tensors that do not fit.
+        BaseMismatchError: ``model`` is not the base the adapter was trained on.
     """
     adapter = path_or_adapter if isinstance(path_or_adapter, Adapter) else read_adapter(path_or_adapter)
     config = adapter.config
@@ -54,7 +68,7 @@ def load_adapter(
             raise BaseMismatchError(
                 f"{where} was trained on base {config.model_name} with fingerprint {config.base_fingerprint[:12]}, "
                 f"this model's is {found[:12]}{cast}: load the weights it was trained on, or pass --ignore-fingerprint "
-                "if you are sure they match"
+                "(ignore_fingerprint=True in Python) if you are sure they match"
             )
     _check_shapes(dict(model.named_parameters()), config, where, skip=changing)
 

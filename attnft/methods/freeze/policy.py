@@ -67,7 +67,16 @@ BASE_DEFAULTS: dict[str, TrainingDefaults] = {
 
 @dataclass(frozen=True)
 class Policy:
-    """What trains: a set of roles, optionally every bias, optionally only some blocks."""
+    """What trains: a set of roles, optionally every bias, optionally only some blocks.
+
+    Attributes:
+        name: the spec it was parsed from (``attn+norm@8-11``), kept for reports and adapter configs.
+        roles: the roles whose parameters train.
+        bias: True, every bias trains; False, no bias trains; None, biases follow their roles.
+        blocks: the block indices whose block weights train; None, all blocks.
+        base: the base policy it was written from (``attn``, ``ffn``, ``full``, ``head``, ``bitfit``, ``ln``),
+            whose learning rate and warmup it trains with.
+    """
 
     name: str  # the spec it was parsed from, kept for reports and adapter configs
     roles: frozenset[Role]
@@ -82,6 +91,11 @@ class Policy:
 
     @classmethod
     def parse(cls, spec: str) -> "Policy":
+        """The policy of ``spec``: a base policy, ``+ROLE`` / ``-ROLE`` / ``+bias`` / ``-bias`` edits, ``@BLOCKS``.
+
+        Raises:
+            UnknownPolicyError: an unknown base policy or role, or a spec that cannot be read.
+        """
         spec = spec.strip()
         body, _, block_spec = spec.partition("@")
         base = re.match(r"[A-Za-z_]+", body)
@@ -143,7 +157,15 @@ def resolve_policy(policy: Union[str, Policy]) -> Policy:
 
 @dataclass
 class PolicyReport(CountedByRole):
-    """The outcome of :func:`apply_policy`: what trains, counted per role."""
+    """The outcome of :func:`apply_policy`: what trains, counted per role.
+
+    Attributes:
+        model_name: the model's name, as the role map read it.
+        policy: the policy applied.
+        role_map: the model's role map.
+        trainable: name of each trained parameter -> None (the whole tensor trains) or the region that trains.
+        frozen_regions: split tensors (a fused ``in_proj``): the regions that stay frozen.
+    """
 
     method_name: ClassVar[str] = "freeze"  # its family in attnft.methods.METHODS
 
@@ -172,10 +194,12 @@ class PolicyReport(CountedByRole):
         return out
 
     def to_dict(self) -> dict:
+        """Counts per role, totals and split tensors, as ``attnft policies --json`` prints them."""
         split = {name: [vars(r) for r in regions] for name, regions in self.frozen_regions.items()}
         return {**self.counts_dict(), "split_tensors": split}
 
     def format_table(self) -> str:
+        """The table ``attnft policies`` prints: each role's parameters, how many train, their share, where."""
         lines = self.counts_table()
         if self.frozen_regions:
             lines.append(f"\n{len(self.frozen_regions)} fused tensors are split by rows/columns; their frozen part is masked.")
@@ -193,6 +217,21 @@ def apply_policy(model: nn.Module, policy: Union[str, Policy] = "attn", role_map
 
     Sets ``requires_grad`` on every parameter. Tensors split between a trained and a frozen role
     get a gradient mask and a post-optimizer-step restore of their frozen region.
+
+    Args:
+        model: a timm or transformers model; changed in place.
+        policy: a freezing policy spec (``attn``, ``ffn``, ``full``, ``head``, ``bitfit``, ``ln``, edited as in
+            ``attn+norm-pos_embed@8-11``) or a parsed :class:`Policy`.
+        role_map: the model's role map, if already built (default: built here).
+
+    Returns:
+        A :class:`PolicyReport`: what trains, counted per role (``format_table()`` prints what
+        ``attnft policies`` prints).
+
+    Raises:
+        UnknownPolicyError: a spec that names no policy or role, blocks (``@BLOCKS``) the model does not have, or a
+            policy that trains nothing of this model.
+        NoAttentionError: the model has no attention weights.
     """
     check_type(model, nn.Module, "model", "a torch.nn.Module (a timm or transformers ViT)")
     policy = resolve_policy(policy)

@@ -14,13 +14,27 @@ from .policy import PolicyReport
 
 @dataclass
 class BaseSnapshot:
-    """What must be captured from the base before training: its fingerprint and the trained tensors' start values."""
+    """What must be captured from the base before training: its fingerprint and the trained tensors' start values.
+
+    Attributes:
+        fingerprint: the base's fingerprint (sha256 hex), which a load checks.
+        start_values: name -> the trained part of each trained tensor at the start (CPU copies), for delta mode.
+    """
 
     fingerprint: str
     start_values: dict[str, torch.Tensor]  # name -> trained part at the start (CPU copies), for delta mode
 
     @classmethod
     def capture(cls, model: nn.Module, report: PolicyReport) -> "BaseSnapshot":
+        """The snapshot of ``model`` as it is now: call it after ``apply_policy`` and before training.
+
+        Args:
+            model: the base, with the policy applied.
+            report: the report ``apply_policy`` gave.
+
+        Returns:
+            The snapshot ``AdapterStore.save`` takes as ``base``.
+        """
         start = {name: t.detach().to("cpu", copy=True) for name, t in report.trained_tensors(model).items()}
         return cls(fingerprint=compute_fingerprint(model, report.role_map), start_values=start)
 

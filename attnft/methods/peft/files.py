@@ -143,10 +143,23 @@ def load_peft_adapter(
 ) -> PeftModel:
     """``PeftModel.from_pretrained(base_model, path)``, after checking the folder and the base.
 
-    Raises BaseMismatchError when the adapter was trained on other weights (pass
-    ``base_fingerprint`` if already computed). A base whose classifier has another number of
-    classes gets timm's ``reset_classifier`` first; the adapter's head replaces it anyway.
-    ``base_model`` is changed in place (peft wraps the targeted modules).
+    A base whose classifier has another number of classes gets timm's ``reset_classifier`` first;
+    the adapter's head replaces it anyway. ``base_model`` is changed in place (peft wraps the
+    targeted modules).
+
+    Args:
+        base_model: the plain base the adapter was trained on.
+        path: the peft adapter folder (``adapter_config.json``, ``adapter_model.safetensors``, ``attnft.json``).
+        adapter_name: the adapter's name inside the ``PeftModel``.
+        is_trainable: load it to train further (peft's ``is_trainable``).
+        base_fingerprint: the base's fingerprint, if already computed.
+
+    Returns:
+        The ``PeftModel`` wrapping ``base_model``: the module to call.
+
+    Raises:
+        AdapterError: the folder does not verify, or the base already carries peft adapters.
+        BaseMismatchError: the adapter was trained on other weights.
     """
     if isinstance(base_model, PeftModel):
         raise AdapterError("the model already carries peft adapters: pass the plain base model")

@@ -88,6 +88,22 @@ def apply_peft_policy(
 
     ``model`` is changed in place (peft replaces the targeted modules) and returned inside a
     ``PeftModel``; only the adapter tensors and the head copy train.
+
+    Args:
+        model: a timm or transformers model without peft adapters.
+        policy: a peft spec (``lora``, ``lora+ffn:r=16,alpha=32``, ``lora:dora=true``, ``ia3``, ``lora@8-11``)
+            or a parsed ``PeftPolicy``.
+        role_map: the model's role map, if already built (default: built here).
+        adapter_name: the name of the adapter inside the ``PeftModel``.
+
+    Returns:
+        ``(peft_model, report)``: the ``PeftModel`` to train, and a ``PeftReport`` of what trains (per role, the
+        targeted modules, the base's fingerprint taken before wrapping); ``AdapterStore.save`` takes both.
+
+    Raises:
+        UnknownPolicyError: a spec peft's methods do not read, or one that finds no module to wrap.
+        NoAttentionError: an attention policy on a model without attention.
+        AdapterError: the model already carries peft adapters.
     """
     policy = policy if isinstance(policy, PeftPolicy) else PeftPolicy.parse(policy)
     if isinstance(model, PeftModel):

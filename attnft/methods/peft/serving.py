@@ -39,7 +39,13 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
     the batch axis in every adapted module (Swin folds windows into it, so Swin falls back).
     Otherwise, and for tasks with different class counts, it runs once per task. All tasks
     use one peft method (peft keeps one type per model). Inference only: every call runs
-    under ``torch.inference_mode()``.
+    under ``torch.inference_mode()``. Called as :class:`MultiTaskModel` is.
+
+    Args:
+        base_model: the plain base the adapters were trained on (no peft adapters yet).
+
+    Raises:
+        AdapterError: ``base_model`` already carries peft adapters.
     """
 
     def __init__(self, base_model: nn.Module):
@@ -66,7 +72,21 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
 
     @classmethod
     def from_store(cls, store, names: Sequence[str], *, base_model: nn.Module) -> "PeftMultiTask":
-        """Serve the peft adapters ``names`` of an :class:`attnft.adapters.store.AdapterStore` on ``base_model``."""
+        """Serve the peft adapters ``names`` of an :class:`attnft.adapters.store.AdapterStore` on ``base_model``.
+
+        Args:
+            store (AdapterStore): the store holding the adapters.
+            names: the adapters to serve; each becomes a task of the same name.
+            base_model: the plain base they were trained on.
+
+        Returns:
+            The multi-task model.
+
+        Raises:
+            BaseMismatchError: an adapter trained on another base.
+            AdapterError: an adapter that does not verify, of another peft method than the others, or that trains
+                the base's biases.
+        """
         return cls.from_adapters(base_model, {name: store.path(name) for name in names})
 
     def add_task(self, name: str, path: Union[str, os.PathLike, PeftAdapterInfo]) -> PeftAdapterInfo:

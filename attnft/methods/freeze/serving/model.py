@@ -50,6 +50,13 @@ class MultiTaskModel(TaskServer[ServedTask]):
     and position tensors (see :mod:`.routing`); without a task it still
     computes the base's own outputs. Inference only: every call runs under
     ``torch.inference_mode()``. Tensors of added tasks move to the base's device and dtype.
+
+    Call it as ``mt(x, task="name")`` (a tensor of logits), ``mt(x)`` after ``set_task("name")``, or
+    ``mt(x, tasks=[one name per sample])`` (a list of logits, one per sample: heads may differ in classes).
+
+    Args:
+        base_model: the base every task was trained on; taken over (eval mode, frozen, its modules routed).
+        role_map: the base's role map, if already built (default: built here).
     """
 
     def __init__(self, base_model: nn.Module, *, role_map: Optional[RoleMap] = None):
@@ -73,7 +80,23 @@ class MultiTaskModel(TaskServer[ServedTask]):
     @classmethod
     def from_store(cls, store, names: Iterable[str], *, base_model: nn.Module) -> TaskServer:
         """Serve the adapters ``names`` of an :class:`attnft.adapters.store.AdapterStore` on ``base_model``, as
-        :meth:`from_adapters` does."""
+        :meth:`from_adapters` does.
+
+        Args:
+            store (AdapterStore): the store holding the adapters.
+            names: the adapters to serve; each becomes a task of the same name.
+            base_model: the base they were trained on, created at the input size the calls will have.
+
+        Returns:
+            A ``MultiTaskModel`` when every adapter is attnft's own format; else the multi-task model of their
+            family (``PeftMultiTask`` for peft's), or ``MixedFamilies`` for several families. Each is called the
+            same way.
+
+        Raises:
+            StoreError: a name the store does not hold.
+            BaseMismatchError: an adapter trained on another base.
+            AdapterError: an adapter that does not verify or does not fit.
+        """
         return serve_store(store, names, base_model)
 
     @property
@@ -86,8 +109,15 @@ class MultiTaskModel(TaskServer[ServedTask]):
     def add_task(self, name: str, source: TaskSource) -> None:
         """Serve a new task ``name`` from an adapter, an adapter folder, TaskWeights or a name -> tensor dict.
 
-        Raises BaseMismatchError if the adapter was trained on another base, AdapterError if it
-        trains weights that tasks share (FFN, norms, patch embedding) or does not fit.
+        Args:
+            name: the task's name in calls.
+            source: an ``Adapter``, an adapter folder, ``TaskWeights`` or a name -> tensor dict.
+
+        Raises:
+            ConfigError: a task of that name is served already.
+            BaseMismatchError: the adapter was trained on another base.
+            AdapterError: it trains weights that tasks share (FFN, norms, patch embedding; part of a fused
+                ``in_proj``, as on ``vit_*_xp_224``) or does not fit.
         """
         self._check_new_task(name)
         weights = self._task_weights(name, source)
