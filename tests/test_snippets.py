@@ -103,6 +103,23 @@ def test_the_bundled_adapters_card_runs_in_plain_timm_and_with_attnft(tmp_path, 
     assert_every_block_gives(expected, blocks, x, tmp_path, replace)
 
 
+def test_the_card_of_an_adapter_attnft_finetune_made_runs_in_plain_timm(tmp_path):
+    """A run records attnft's own preprocessing keys (``background``) in the data config: the card's timm lines
+    give timm only the keys it takes."""
+    store = AdapterStore(tmp_path / "store")
+    assert main(["finetune", "--model", BUNDLED_MODEL_28, "--steps", "1", "--batch-size", "8", "--workers", "0",
+                 "--no-progress", "--no-eval-before", "--max-train", "16", "--max-eval", "16", "--name", "ft",
+                 "--store", str(store.root), "--output-dir", str(tmp_path / "run")]) == 0
+    assert "background" in store.config("ft").data_config
+    model = loaded_by_attnft(store, "ft")
+    x = random_input(model)
+    with torch.no_grad():
+        expected = model(x)
+    blocks = python_blocks((store.path("ft") / "README.md").read_text())
+    replace = {"path/to/this/folder": store.path("ft"), BUNDLED_WEIGHTS: weights_path(BUNDLED_MODEL_28)}
+    assert_every_block_gives(expected, blocks, x, tmp_path, replace)
+
+
 def test_cards_and_export_message_of_a_non_default_timm_model_run_in_plain_timm(tmp_path, capsys):
     base = write_tiny_base(tmp_path / "base")
     store = AdapterStore(tmp_path / "store")

@@ -43,7 +43,7 @@ for name, stored in load_file(f"{folder}/adapter_model.safetensors").items():
         target = target.narrow(region["dim"], region["start"], region["stop"] - region["start"])
     target.copy_(target.float() + stored.float() if entry["stored"] == "delta" else stored)
 model.eval()
-transform = timm.data.create_transform(**config["data_config"])
+transform = timm.data.create_transform(**timm.data.resolve_data_config(config["data_config"]))
 """
 
 
@@ -144,7 +144,7 @@ from peft import PeftModel
 folder = "path/to/this/folder"
 base = {build.create_call()}
 model = PeftModel.from_pretrained(base, folder).eval()
-transform = timm.data.create_transform(**json.load(open(f"{{folder}}/attnft.json"))["data_config"])
+transform = timm.data.create_transform(**timm.data.resolve_data_config(json.load(open(f"{{folder}}/attnft.json"))["data_config"]))
 ```
 """)
 
