@@ -55,8 +55,12 @@ def test_from_store_takes_a_list_of_names_not_one_string(tmp_path):
         MultiTaskModel.from_store(AdapterStore(tmp_path), "cars", base_model=create_model("vit_fmnist_patch4_28"))
 
 
-def test_the_public_compare_is_the_function_whatever_was_imported_first():
-    code = ("from attnft import CompareConfig, compare\nimport attnft\n"
-            "assert callable(compare) and attnft.compare is compare, attnft.compare")
+def test_the_public_compare_runs_a_comparison_whatever_was_imported_first():
+    """``attnft.compare`` is a package and a function: ``from attnft import compare`` gives whichever the import
+    order left there, and either, called, is the function (here it refuses a wrong argument by name)."""
+    code = ("import attnft.compare.study as search\nfrom attnft import CompareConfig, compare\nimport attnft\n"
+            "for run in (compare, attnft.compare):\n"
+            "    try:\n        run(CompareConfig(), None)\n    except TypeError as e:\n"
+            "        assert 'ft must be a FinetuneConfig' in str(e), e\n    else:\n        raise AssertionError(run)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

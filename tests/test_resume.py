@@ -106,7 +106,7 @@ def test_resume_at_an_epoch_boundary_continues_with_the_next_epoch(tiny, tmp_pat
     model, data = tiny
     stop_at = 6
     common = ["--checkpoint-every", str(stop_at), "--no-eval-before", "--eval-every", "0", "--log-every", "1"]
-    assert main(finetune_args(model, data, tmp_path / "a", "--steps", "10", *common)) == 0
+    assert main(finetune_args(model, data, tmp_path / "a", "--steps", "10", *common, "--name", "a")) == 0
     # the same run cut short at the boundary by deleting what came after its checkpoint
     assert main(finetune_args(model, data, tmp_path / "b", "--steps", "10", *common, "--name", "b")) == 0
     checkpoints = tmp_path / "b" / "run" / "checkpoints"

@@ -1,14 +1,12 @@
 """A store: a folder of named adapters, one sub-folder each.
 
-Names are ``[A-Za-z0-9][A-Za-z0-9._-]*`` without ``..`` (:mod:`.names`), so a name can never reach outside the
-store. Hidden entries (``.tmp-*`` being written, ``.del-*`` being deleted) are never listed;
-every write and delete is atomic (see :func:`attnft.core.files.write_directory_atomically`), and
-a failed one (full disk, permissions) is one StoreError line with the store as it was. Every
-write first clears the hidden entries killed writers left behind (:meth:`AdapterStore.remove_leftovers`).
+Names (:mod:`.names`) never reach outside the store. Hidden entries (``.tmp-*`` being written, ``.del-*`` being
+deleted) are never listed; every write and delete is atomic (:func:`attnft.core.files.write_directory_atomically`),
+and a failed one (full disk, permissions) is one StoreError line with the store as it was. Every write first clears
+the hidden entries killed writers left behind (:meth:`AdapterStore.remove_leftovers`).
 
-Adapters of every method family live side by side: attnft's own format (from a freezing policy) and peft's (from
-``lora`` / ``ia3`` policies). Each call asks the folder's family once (:func:`attnft.methods.method_of`); ``read``,
-``config``, ``verify`` and ``load`` return that family's types.
+Adapters of every method family live side by side. Each call asks the folder's family once
+(:func:`attnft.methods.method_of`); ``read``, ``config``, ``verify`` and ``load`` return that family's types.
 """
 from __future__ import annotations
 
@@ -25,11 +23,11 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 from torch import nn
 
 from ..methods.freeze.config import Adapter, AdapterConfig
-from ..core.files import CONFIG_FILE
 from ..methods.freeze.snapshot import BaseSnapshot
 from ..core.checks import check_type
 from ..core.errors import AdapterError, AttnftError, StoreError
-from ..core.files import ADAPTER_FOLDER, PathLike, io_error, nearest_existing, pid_alive, remove_directory_atomically, remove_entry, write_directory_atomically
+from ..core.files import (ADAPTER_FOLDER, CONFIG_FILE, PathLike, io_error, nearest_existing, pid_alive,
+                          remove_directory_atomically, remove_entry, write_directory_atomically)
 from ..methods.record import AdapterRecord
 from .names import check_name, is_valid_name
 from ..methods import METHODS, AdapterSummary, Method, method_of

@@ -13,13 +13,9 @@ def lazy_names(namespace: dict, homes: dict[str, str]) -> tuple[Callable[[str], 
         home = homes.get(name)
         if home is None:
             raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
-        module = importlib.import_module(home)
-        # every public name of that home at once: importing a subpackage binds its name in the package
-        # (``attnft.compare`` the package), which must not hide the public name (``attnft.compare`` the function)
-        for public, where in homes.items():
-            if where == home:
-                namespace[public] = getattr(module, public)
-        return namespace[name]
+        value = getattr(importlib.import_module(home), name)
+        namespace[name] = value
+        return value
 
     def __dir__() -> list[str]:
         return sorted(set(namespace) | set(homes))

@@ -68,7 +68,7 @@ def load_adapter(
             raise BaseMismatchError(
                 f"{where} was trained on base {config.model_name} with fingerprint {config.base_fingerprint[:12]}, "
                 f"this model's is {found[:12]}{cast}: load the weights it was trained on, or pass --ignore-fingerprint "
-                "(ignore_fingerprint=True in Python) if you are sure they match"
+                "(in Python: ignore_fingerprint) if you are sure they match"
             )
     _check_shapes(dict(model.named_parameters()), config, where, skip=changing)
 
