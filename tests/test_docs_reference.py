@@ -162,7 +162,7 @@ METHOD_PAGES = {"attn": "attn", "ffn": "ffn", "full": "full", "head": "head", "b
 def test_each_method_page_states_the_methods_default_learning_rate_and_warmup(spec):
     page = (DOCS / "concepts" / "methods" / f"{METHOD_PAGES[spec]}.md").read_text()
     defaults = parse_method(spec).defaults
-    mantissa, exponent = f"{defaults.lr:.0e}".split("e")
-    assert f"lr {mantissa}e{int(exponent)} at batch {defaults.base_batch}" in page
+    mantissa, exponent = f"{defaults.lr:.1e}".split("e")  # 1.5e-02 -> 1.5e-2, 2.0e-02 -> 2e-2
+    assert f"lr {mantissa.removesuffix('.0')}e{int(exponent)} at batch {defaults.base_batch}" in page
     warmup = f"warmup over {defaults.warmup:.0%} of the run" if defaults.warmup else "no warmup"
     assert warmup in page
