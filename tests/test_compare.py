@@ -130,11 +130,11 @@ def _finished_trials(out: Path, name: str) -> int:
     """Trials the study records as finished or pruned (0 before the study exists)."""
     if not (out / "study.db").exists():
         return 0
-    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.exc import IntegrityError, OperationalError
 
     try:
         return len([t for t in study_of(out, name).trials if t.state.name in ("COMPLETE", "PRUNED")])
-    except (KeyError, OperationalError):  # the file is there, its tables or the study not yet (being created)
+    except (KeyError, OperationalError, IntegrityError):  # the file is there, its tables or study being created
         return 0
 
 
@@ -417,3 +417,23 @@ def test_the_private_heartbeat_call_is_the_one_optuna_has():
     study = optuna.create_study()
     trial = study.ask()
     assert isinstance(trial._trial_id, int) and study._storage is not None
+
+
+def test_a_trial_whose_worker_died_before_it_said_whose_it_is_is_failed(data, tmp_path, monkeypatch):
+    """Killed between asking for a trial and recording its host and pid (no heartbeat yet either): the trial says no
+    owner, and once it is :data:`ORPHAN_S` old the next process fails it and runs the one missing, instead of waiting
+    for a heartbeat that never comes."""
+    import attnft.compare.study as search
+
+    monkeypatch.setattr(search, "ORPHAN_S", 1)
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    study = optuna.create_study(study_name="orphan-attn", storage=search.open_storage(url), direction="maximize")
+    with pytest.warns(UserWarning, match="Heartbeat"):
+        study.ask()  # and nothing else: the worker is gone
+    time.sleep(1.5)
+    start = time.monotonic()
+    assert main(compare_argv(data, tmp_path / "out", tmp_path / "store", "--storage", url, "--study", "orphan",
+                             policies="attn", search="2")) == 0
+    assert time.monotonic() - start < 120
+    trials = optuna.load_study(study_name="orphan-attn", storage=url).trials
+    assert trials[0].state.name == "FAIL" and sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) == 2

@@ -9,6 +9,7 @@ import importlib.util
 import inspect
 import json
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -61,12 +62,18 @@ def _resolve(dotted: str):
     return getattr(importlib.import_module(module), name)
 
 
+def _public(name: str):
+    """What ``from attnft import name`` is, a callable package (``attnft.compare``, once imported) as its function."""
+    value = getattr(attnft, name)
+    return getattr(value, name) if isinstance(value, types.ModuleType) and callable(value) else value
+
+
 def test_every_public_name_has_an_entry_in_the_python_reference():
     """A ``::: home.name`` entry whose object is the one ``from attnft import name`` gives."""
     found = set()
     for dotted in _reference_entries():
         name = dotted.rsplit(".", 1)[1]
-        if name in attnft.__all__ and _resolve(dotted) is getattr(attnft, name):
+        if name in attnft.__all__ and _resolve(dotted) is _public(name):
             found.add(name)
     assert sorted(set(attnft.__all__) - found) == []
 
@@ -79,12 +86,12 @@ def _documented(doc: str, section: str) -> set[str]:
     return set(re.findall(r"^    (\*{0,2}\w+)(?: \([^)]*\))?:", body.split("\n\n")[0] + "\n", flags=re.M))
 
 
-PUBLIC_CALLABLES = [n for n in attnft.__all__ if inspect.isfunction(getattr(attnft, n, None))]
+PUBLIC_CALLABLES = [n for n in attnft.__all__ if inspect.isfunction(_public(n))]
 
 
 @pytest.mark.parametrize("name", PUBLIC_CALLABLES)
 def test_every_public_functions_parameters_are_documented(name):
-    function = getattr(attnft, name)
+    function = _public(name)
     doc = inspect.getdoc(function) or ""
     parameters = {("**" if p.kind is p.VAR_KEYWORD else "") + p.name
                   for p in inspect.signature(function).parameters.values()}

@@ -15,6 +15,7 @@ refuses a comparison of anything else.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import dataclasses
 import math
 import os
@@ -43,6 +44,7 @@ SCHEMA_ATTEMPTS = 5
 # a running trial records a heartbeat this often; one silent for the grace period (its process or machine gone) is
 # failed by the next process that looks, so that it neither counts toward N nor holds up the report
 HEARTBEAT_S, GRACE_S = 60, 600
+ORPHAN_S = 30  # a running trial with no host and pid this long after it was asked: its worker died asking
 LR_SPAN = 10.0  # the search's lr range: the default / LR_SPAN to the default x LR_SPAN
 # what a study compares is every finetune setting (a comparison with another value would mix in trials of another task,
 # split or recipe) but those the comparison sets per run (OWN_FIELDS) and these, which change where and how a run runs
@@ -217,17 +219,22 @@ def counted(study) -> list:
 
 def fail_dead_trials(study) -> None:
     """Close as failed the running trials whose process is gone: at once those of this machine (a comparison killed
-    here), those of any machine whose heartbeat stopped :data:`GRACE_S` ago (Optuna's stale trials)."""
+    here), those of any machine whose heartbeat stopped :data:`GRACE_S` ago (Optuna's stale trials), and those that
+    say no owner :data:`ORPHAN_S` after they were asked (a worker records its host and pid right after asking)."""
     import optuna
     from optuna.trial import TrialState
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+    now = datetime.datetime.now()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         host, pid = trial.user_attrs.get("host"), trial.user_attrs.get("pid")
         if host == socket.gethostname() and isinstance(pid, int) and pid != os.getpid() and not pid_alive(pid):
             _tell(study, trial.number, state=TrialState.FAIL)  # by number: public, from any process
+        elif host is None and trial.datetime_start and (now - trial.datetime_start).total_seconds() > ORPHAN_S:
+            # asked by a worker killed before it said whose the trial is (or started its heartbeat): no one's
+            _tell(study, trial.number, state=TrialState.FAIL)
 
 
 def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], None],
