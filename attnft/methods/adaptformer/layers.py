@@ -40,6 +40,7 @@ from torch import nn
 
 from ...core.errors import ConfigError
 from ..added.backbones import transformers_backbone
+from ..added.hooks import keep_handle, remove_handles
 from ..rows import pick
 
 FAMILY = "adaptformer"
@@ -170,8 +171,8 @@ def add(model: nn.Module, options: Options = Options(), tasks: int = 1) -> list[
         adapters = []
         for norm, output in _sites(block):
             adapter = Bottleneck(dim, options.dim, options.scale, options.dropout, tasks, reference)
-            _keep_handle(norm, norm.register_forward_hook(adapter.keep))
-            _keep_handle(output, output.register_forward_hook(adapter.add_kept))
+            keep_handle(norm, _HOOKS, norm.register_forward_hook(adapter.keep))
+            keep_handle(output, _HOOKS, output.register_forward_hook(adapter.add_kept))
             adapters.append(adapter)
         if isinstance(block, ParallelThingsBlock):
             block.add_module(ADAPTERS, nn.ModuleList(adapters))
@@ -182,15 +183,9 @@ def add(model: nn.Module, options: Options = Options(), tasks: int = 1) -> list[
     return [name for name, p in model.named_parameters() if id(p) in ids]
 
 
-def _keep_handle(module: nn.Module, handle) -> None:
-    module.__dict__.setdefault(_HOOKS, []).append(handle)
-
-
 def remove(model: nn.Module) -> None:
     """Removes every AdaptFormer hook and bottleneck: ``model`` is the plain base again."""
-    for module in model.modules():
-        for handle in module.__dict__.pop(_HOOKS, ()):
-            handle.remove()
+    remove_handles(model, _HOOKS)
     for block in list(model.modules()):
         for name in (ADAPTER, ADAPTERS):
             if hasattr(block, name):

@@ -140,7 +140,7 @@ class AddedMethod(Method):
         return None if policy is None else AddedTuning(self, policy)
 
     def detects(self, path) -> bool:
-        return self.folder.holds(path, empty_ok=False) or Marker(CONFIG_FILE, format_of(self.name)).found_in(path)
+        return Marker(CONFIG_FILE, format_of(self.name)).found_in(path)  # cheap: the marker only it writes
 
     def save(self, path, model, report, base, record, *, overwrite=False, mode="exact", delta_dtype="float16",
              title=None) -> None:

@@ -3,7 +3,6 @@ counted per role like every family's report."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar
 
 from ...roles import Role, RoleMap
 from ..report import CountedByRole, RoleCount
@@ -22,8 +21,6 @@ class AddedReport(CountedByRole):
     base_fingerprint: str
     added: dict[str, tuple[int, Role]] = field(default_factory=dict)  # tensor name -> (numel, role it counts under)
     head: list[str] = field(default_factory=list)  # the head's tensors, trained whole
-
-    kind: ClassVar[str] = "added"
 
     def counts(self) -> list[RoleCount]:
         rows = {role: RoleCount(role, 0, 0) for role in Role}

@@ -30,6 +30,7 @@ from torch import nn
 
 from ...core.errors import ConfigError
 from ..added.backbones import transformers_backbone
+from ..added.hooks import keep_handle, remove_handles
 from ..rows import pick
 
 FAMILY = "ssf"
@@ -124,7 +125,7 @@ def add(model: nn.Module, options: Options = Options(), tasks: int = 1) -> list[
             nn.init.normal_(shift, std=0.02)
         module.register_parameter(SCALE, nn.Parameter(scale))
         module.register_parameter(SHIFT, nn.Parameter(shift))
-        setattr(module, _HOOKS, [module.register_forward_hook(_scale_shift)])
+        keep_handle(module, _HOOKS, module.register_forward_hook(_scale_shift))
         added += [getattr(module, SCALE), getattr(module, SHIFT)]
     ids = {id(p) for p in added}
     return [name for name, p in model.named_parameters() if id(p) in ids]
@@ -147,9 +148,8 @@ def _scale_shift(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Ten
 
 def remove(model: nn.Module) -> None:
     """Removes every SSF hook and parameter: ``model`` is the plain base again."""
+    remove_handles(model, _HOOKS)
     for module in model.modules():
-        for handle in module.__dict__.pop(_HOOKS, ()):
-            handle.remove()
         if hasattr(module, SCALE):
             delattr(module, SCALE)
             delattr(module, SHIFT)

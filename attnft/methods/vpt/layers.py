@@ -36,6 +36,7 @@ from torch import nn
 
 from ...core.errors import ConfigError
 from ..added.backbones import transformers_backbone
+from ..added.hooks import keep_handle, remove_handles
 from ..rows import pick
 
 FAMILY = "vpt"
@@ -128,12 +129,12 @@ def add(model: nn.Module, options: Options = Options(), tasks: int = 1) -> list[
 
     prefix, dropout = sequence.prefix, options.dropout
     entry, last = sequence.entry, sequence.blocks[-1]
-    _keep_handle(entry, entry.register_forward_hook(functools.partial(_insert, model, prefix, dropout)))
+    keep_handle(entry, _HOOKS, entry.register_forward_hook(functools.partial(_insert, model, prefix, dropout)))
     for layer in range(1, layers):
         block = sequence.blocks[layer]
-        _keep_handle(block, block.register_forward_pre_hook(functools.partial(_replace, model, prefix, dropout,
+        keep_handle(block, _HOOKS, block.register_forward_pre_hook(functools.partial(_replace, model, prefix, dropout,
                                                                                layer)))
-    _keep_handle(last, last.register_forward_hook(functools.partial(_drop, model, prefix)))
+    keep_handle(last, _HOOKS, last.register_forward_hook(functools.partial(_drop, model, prefix)))
     return [PROMPTS]
 
 
@@ -164,15 +165,9 @@ def _drop(model: nn.Module, prefix: int, block: nn.Module, args: tuple, x: torch
     return torch.cat((x[:, :prefix], x[:, prefix + tokens:]), dim=1)
 
 
-def _keep_handle(module: nn.Module, handle) -> None:
-    module.__dict__.setdefault(_HOOKS, []).append(handle)
-
-
 def remove(model: nn.Module) -> None:
     """Removes the prompts and every VPT hook: ``model`` is the plain base again."""
-    for module in model.modules():
-        for handle in module.__dict__.pop(_HOOKS, ()):
-            handle.remove()
+    remove_handles(model, _HOOKS)
     if hasattr(model, PROMPTS):
         delattr(model, PROMPTS)
 
