@@ -2,6 +2,7 @@
 BitFit and LayerNorm tuning (named freezing policies). What they train, counted; trained and stored, evaluated,
 served many to a base in one call; SSF merged into a plain timm checkpoint; bad input refused in one line."""
 import json
+import math
 import re
 import tokenize
 from pathlib import Path
@@ -9,10 +10,12 @@ from pathlib import Path
 import pytest
 import timm
 import torch
+from safetensors.torch import load_file
 
 from attnft.adapters.store import AdapterStore
 from attnft.cli import main
 from attnft.core.files import CONFIG_FILE
+from attnft.data import build_transforms, decode_image
 from attnft.models import create_model
 from attnft.multitask import MixedFamilies, MultiTaskModel
 from serve_helpers import Server
@@ -88,6 +91,25 @@ def test_each_new_family_trains_saves_verifies_and_evaluates(trained, family):
     eval_as_run_reported(tmp, data, json.loads((tmp / f"run-{family}" / "result.json").read_text()), name=family)
 
 
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_each_new_family_trains_in_bf16_and_keeps_float32_weights(trained, tmp_path, family):
+    """bf16 autocast (``--precision bf16``, as on an accelerator): the added tensors train in float32 (autocast casts
+    their uses, not them), the loss stays finite and the adapter stored is float32, loadable as any other."""
+    model, data, _ = trained
+    assert main(finetune_args(model, data, tmp_path, "--policy", family, "--steps", "3", "--precision", "bf16",
+                              "--no-eval-before", "--log-every", "1", "--name", "half")) == 0
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if '"loss"' in line]
+    assert len(losses) == 3 and all(map(math.isfinite, losses))
+    store = AdapterStore(tmp_path / "store")
+    stored = load_file(str(store.path("half") / "adapter_model.safetensors"))
+    added = {k: v for k, v in stored.items() if not k.startswith("head.")}
+    assert added and all(v.dtype == torch.float32 for v in added.values())
+    loaded = store.load("half", create_model(model, pretrained=True)).state_dict()
+    for key, value in added.items():
+        torch.testing.assert_close(loaded[key], value, atol=0, rtol=0)
+
+
 def test_a_mixed_batch_of_new_families_and_attn_equals_each_task_alone(trained):
     model, _, tmp = trained
     store = AdapterStore(tmp / "store")
@@ -139,13 +161,31 @@ def test_vpt_and_adaptformer_refuse_export_in_one_line(trained, capsys, family):
     assert not (tmp / f"{family}-export").exists()
 
 
-def test_attnft_serve_serves_attn_and_vpt_tasks_of_one_base_from_one_process(trained):
-    _, data, tmp = trained
-    image = next(Path(data, "val", "green").iterdir()).read_bytes()
-    with Server(AdapterStore(tmp / "store"), tmp) as server:
-        answers = {task: server.classify(task, image) for task in ("attn", "vpt", "ssf", "adaptformer")}
-    for task, answer in answers.items():
-        assert answer.status_code == 200 and answer.json()["task"] == task, answer.text
+def _offline_probabilities(store, model, task, images) -> list[torch.Tensor]:
+    """What the stored ``task`` answers for each image file, in float32 and in this process, as served alone."""
+    config = store.config(task)
+    transform = build_transforms(dict(config.data_config), train=False)
+    x = torch.stack([transform(decode_image(path.read_bytes())) for path in images])
+    served = MultiTaskModel.from_store(store, [task], base_model=create_model(model, pretrained=True))
+    with torch.no_grad():
+        return list(torch.softmax(served(x, task=task), dim=-1))
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_attnft_serve_serves_attn_and_vpt_tasks_of_one_base_from_one_process(trained, precision):
+    """Every family's tasks from one process, at full and at half precision (the added tensors cast with the base):
+    the answers' top-1 are fp32's, computed offline, on images fp32 is sure of."""
+    model, data, tmp = trained
+    images = sorted(Path(data, "val").glob("*/*"))
+    store = AdapterStore(tmp / "store")
+    with Server(store, tmp, "--precision", precision) as server:
+        answers = {task: [server.classify(task, path.read_bytes(), top_k=1) for path in images]
+                   for task in ("attn", "vpt", "ssf", "adaptformer")}
+    for task, answered in answers.items():
+        assert all(a.status_code == 200 and a.json()["task"] == task for a in answered), answered[0].text
+        expected = _offline_probabilities(store, model, task, images)
+        sure = [i for i, p in enumerate(expected) if p.topk(2).values.diff().abs() > 0.02]
+        assert sure and all(answered[i].json()["predictions"][0]["index"] == int(expected[i].argmax()) for i in sure)
 
 
 def _names_a_family(path: Path) -> list[int]:

@@ -7,6 +7,7 @@ own samples. Forward calls run one at a time (a lock: the heads are swapped in f
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Optional
 
@@ -72,7 +73,9 @@ class AddedServer(TaskServer[AddedAdapter]):
             raise AdapterError(f"task {name!r} was trained at {config.input_size}px, the base serves {size}px")
         method.check_model(self.base)
         self.method, self.policy = method, policy
-        self._tasks[name] = adapter
+        place = next(self.base.parameters())  # a served base may have been moved or cast (bf16) after it was built
+        tensors = {k: v.to(device=place.device, dtype=place.dtype) for k, v in adapter.tensors.items()}
+        self._tasks[name] = dataclasses.replace(adapter, tensors=tensors)
         self._restack()
 
     def _release(self, name: str) -> None:
@@ -84,9 +87,12 @@ class AddedServer(TaskServer[AddedAdapter]):
         names = [n for n in self._tasks if n != without]
         with self._lock:
             self.method.remove(self.base)
+            place = next(self.base.parameters())  # the base's own: the family's modules are added after it
             added = self.method.add(self.base, self.policy.options, blocks=self.policy.blocks, tasks=len(names) + 1)
             params = dict(self.base.named_parameters())
             with torch.no_grad():
+                for tensor in added:
+                    params[tensor].data = params[tensor].data.to(device=place.device, dtype=place.dtype)
                 for row, task in enumerate(names, start=1):
                     for tensor in added:
                         params[tensor][row] = self._tasks[task].tensors[tensor][0]
