@@ -32,7 +32,11 @@ def loss_curve(directory):
 
 # the base as its own teacher; the model EMA (each process keeps its own) with layer decay
 EXTRA = {"plain": [], "teacher": ["--teacher", None, "--distillation", "soft"],
-         "ema": ["--model-ema", "--model-ema-decay", "0.8", "--layer-decay", "0.75"]}
+         "ema": ["--model-ema", "--model-ema-decay", "0.8", "--layer-decay", "0.75"],
+         # families that add modules (one kernel: methods/added): DDP wraps the model with its modules added
+         "vpt-teacher": ["--policy", "vpt:tokens=2", "--teacher", None, "--distillation", "soft"],
+         "adaptformer-ema": ["--policy", "adaptformer:dim=4", "--model-ema", "--model-ema-decay", "0.8",
+                             "--layer-decay", "0.75"]}
 
 
 @pytest.mark.parametrize("extra", list(EXTRA))
