@@ -1,8 +1,10 @@
-"""What the tests of ``attnft serve`` share: tiny adapters of the bundled base, images, a server process, offline answers."""
+"""What the tests of ``attnft serve`` share: tiny adapters of the bundled base, images, a server process (or the
+server in this process, on a real socket), offline answers."""
 import io
 import os
 import re
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -112,7 +114,55 @@ def die_with_parent() -> None:
         pass
 
 
-class Server:
+class Served:
+    """What a test sends to a server at ``self.url`` through ``self.client``."""
+
+    url: str
+    client: httpx.Client
+
+    def classify(self, task: str, data: bytes, **params):
+        return self.client.post(f"/v1/tasks/{task}/classify", content=data, params=params,
+                                headers={"content-type": "image/png"})
+
+
+class InProcessServer(Served):
+    """``attnft serve``'s Service and app in this process, uvicorn on a free port of 127.0.0.1 in a thread: real HTTP
+    and sockets, and the test can wrap the server's own functions (a counting spy) while it serves.
+
+    ``options``: :class:`attnft.server.config.ServeConfig` fields beside the store and the port.
+    """
+
+    def __init__(self, store, **options):
+        import uvicorn
+
+        from attnft.server.config import ServeConfig
+        from attnft.server.http import create_app
+        from attnft.server.service import Service
+
+        self.service = Service(ServeConfig(store=str(store.root), port=0, **options))
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.server = uvicorn.Server(uvicorn.Config(create_app(self.service), log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+        self.client = httpx.Client(base_url=self.url, timeout=REQUEST_TIMEOUT_S)
+
+    def __enter__(self) -> "InProcessServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.client.close()
+        self.server.should_exit = True
+        self.thread.join(REQUEST_TIMEOUT_S)
+        self.socket.close()
+        assert not self.thread.is_alive(), "the server did not stop"
+
+
+class Server(Served):
     """``attnft serve`` as a subprocess on a free port; its output goes to files (a full pipe would stall it)."""
 
     def __init__(self, store, tmp_path, *args, env=None):
@@ -154,10 +204,6 @@ class Server:
 
     def stderr(self) -> str:
         return Path(f"{self.log}.err").read_text()
-
-    def classify(self, task: str, data: bytes, **params):
-        return self.client.post(f"/v1/tasks/{task}/classify", content=data, params=params,
-                                headers={"content-type": "image/png"})
 
     def metric(self, name: str, labels: str = "") -> float:
         text = self.client.get("/metrics").text

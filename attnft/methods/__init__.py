@@ -18,6 +18,8 @@ Everything else asks the family and never which family it holds::
 
     method = method_of(folder)              # the family whose adapter a folder is
     config = method.config(folder); module = method.load(model, folder)
+    opened = method.open(folder)            # family and config read once, carried: method.read(opened) reads
+                                            # the weights alone
 
 A new family is one package (here, or anywhere: a plugin's) whose ``__init__`` calls :func:`register_method` with its
 ``Method``: parse, apply, defaults, save, read, verify, load, show, its folders' files and marker, its tensors'
@@ -25,11 +27,11 @@ prefixes and the multi-task model that serves it. Nothing else in attnft names i
 """
 from __future__ import annotations
 
-from .base import AdapterSummary, Applied, Method, Tuning
+from .base import AdapterFolder, AdapterSummary, Applied, Method, Tuning
 from .registry import METHODS, load_plugins, method_for_spec, method_of, parse_method, register_method, spec_help
 from . import adaptformer, peft, ssf, vpt, freeze  # noqa: F401,E402  (each registers its family; freeze last)
 
 load_plugins()  # families from outside attnft: entry points "attnft.methods", $ATTNFT_METHODS
 
-__all__ = ["METHODS", "AdapterSummary", "Applied", "Method", "Tuning", "method_for_spec", "method_of",
-           "parse_method", "register_method", "spec_help"]
+__all__ = ["METHODS", "AdapterFolder", "AdapterSummary", "Applied", "Method", "Tuning", "method_for_spec",
+           "method_of", "parse_method", "register_method", "spec_help"]

@@ -9,6 +9,7 @@ asks the family.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -42,6 +43,24 @@ class AdapterSummary:
         data = dict(vars(self))
         data["path"] = str(self.path)
         return data
+
+
+@dataclass(frozen=True, eq=False)
+class AdapterFolder:
+    """An adapter folder read once: where it is, its family, its config (no tensor read).
+
+    What a caller that looked a folder up passes on, so that nothing downstream finds its family or reads its
+    config again: every family's :meth:`Method.config` and :meth:`Method.read` take it (``read`` then reads only
+    the weights, checked against this config: a folder rewritten since does not match it). It is a folder still
+    (``os.PathLike``): code that takes a folder reads it as one.
+    """
+
+    path: Path
+    method: Method
+    config: Any  # what ``method.config(path)`` gave
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
 
 
 @dataclass
@@ -113,7 +132,8 @@ class Tuning:
 class Method:
     """One family of adaptation methods: its specs, its adapter folders, what serves them.
 
-    ``source`` in :meth:`config`, :meth:`load`: a folder, or what :meth:`read` returned for one (read once).
+    ``source`` in :meth:`config`, :meth:`load`: a folder, or what :meth:`read` returned for one (read once); in
+    :meth:`config` and :meth:`read`, an :class:`AdapterFolder` too (its config read once, by :meth:`open`).
     Every config has ``model_name``, ``policy``, ``input_size``, ``num_classes``, ``label_names``,
     ``data_config``, ``base_fingerprint``, ``weights_sha256``, ``trained_params``, ``created`` and ``training``.
     """
@@ -153,8 +173,13 @@ class Method:
         """What the adapter describes itself as (no tensor read)."""
         raise NotImplementedError
 
+    def open(self, path: PathLike) -> AdapterFolder:
+        """Folder ``path`` with its config, read once: what :meth:`read` and the servers' ``add_task`` take."""
+        return AdapterFolder(Path(path), self, self.config(path))
+
     def read(self, path: PathLike) -> Any:
-        """The adapter, checked as far as this family reads it before loading."""
+        """The adapter, checked as far as this family reads it before loading (of an :class:`AdapterFolder`: its
+        weights alone, against the config it carries)."""
         raise NotImplementedError
 
     def verify(self, path: PathLike) -> Any:

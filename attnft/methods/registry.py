@@ -15,7 +15,7 @@ from ..core.errors import ConfigError, UnknownPolicyError, UnknownSpecName
 from ..core.parsing import short
 from ..core.folders import register_adapter_folder
 from ..roles import register_tensor_prefixes, tensor_prefix_owner
-from .base import Method, Tuning
+from .base import AdapterFolder, Method, Tuning
 
 PLUGINS_ENV = "ATTNFT_METHODS"  # comma-separated modules that register method families (a plugin not installed)
 ENTRY_POINTS = "attnft.methods"  # the entry-point group of installed plugins: each entry a module that registers
@@ -115,7 +115,7 @@ def method_for_spec(spec: str) -> Method:
 
 def method_of(source: Union[str, os.PathLike, object]) -> Method:
     """The family of an adapter: a folder (told by its files, cheaply), or what a family made or read (a report, a
-    config, an adapter: each names its family in ``method_name``).
+    config, an adapter: each names its family in ``method_name``; an :class:`AdapterFolder` carries it).
 
     Args:
         source: an adapter folder, or a report, config or adapter a family made or read.
@@ -127,6 +127,8 @@ def method_of(source: Union[str, os.PathLike, object]) -> Method:
     Raises:
         TypeError: ``source`` is neither a path nor anything a family made.
     """
+    if isinstance(source, AdapterFolder):
+        return source.method  # found when it was opened
     if isinstance(source, (str, os.PathLike)):
         return next(method for method in METHODS.values() if method.detects(source))
     try:

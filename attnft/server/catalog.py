@@ -2,10 +2,10 @@
 
 The store writes an adapter folder atomically (a hidden folder renamed into place), so a new
 or overwritten adapter is a new folder: its inode and its files' mtimes change. Every lookup
-stats the folder, its config and its weights (a few microseconds) and re-reads the config when
+stats the folder, its config and its weights once (a few microseconds) and re-reads the config when
 they changed, so a store write is seen by the next request, without a restart and without a
-watcher thread. Only the config is read here (no tensor): the weights are read, and verified,
-when the pager loads them.
+watcher thread. Only the family and the config are read here (no tensor), once per version: the entry
+carries them (:class:`attnft.methods.AdapterFolder`), and the pager loads the weights against them.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..core.errors import AttnftError, ConfigError, StoreError
-from ..methods import METHODS, method_of
+from ..methods import METHODS, AdapterFolder, Method, method_of
 from ..adapters.names import check_name, is_valid_name
 from ..core.folders import ADAPTER_FOLDER
 
@@ -33,17 +33,18 @@ class BaseKey:
 
     model_name: str
     input_size: int
-    method: str  # the family (attnft.methods.METHODS) whose multi-task model serves them
+    method: Method  # the family (attnft.methods.METHODS) whose multi-task model serves them
     group: str = ""  # Method.serving_group: what else they share on one base
 
     def describe(self) -> str:
-        kind = " ".join(filter(None, (METHODS[self.method].format_name, self.group)))
+        kind = " ".join(filter(None, (self.method.format_name, self.group)))
         return f"{self.model_name} at {self.input_size} px ({kind} adapters)"
 
 
 @dataclass(frozen=True)
 class TaskEntry:
-    """One stored adapter, as its config describes it; ``version`` grows each time the folder changes."""
+    """One stored adapter, as its config describes it; ``version`` grows each time the folder changes. ``folder``
+    holds what was read of this version (its family and config), which the loaders take instead of reading again."""
 
     name: str
     path: Path
@@ -56,11 +57,23 @@ class TaskEntry:
     weights_sha256: str = ""
     trained_params: int = 0
     format_name: str = ""  # its format as answers name it: "attnft", "peft-lora"
+    folder: Optional[AdapterFolder] = None  # its family and config as read (None with an error)
     error: Optional[str] = None  # why it cannot be served (its config cannot be read)
 
     def label(self, index: int) -> str:
         names = self.label_names
         return str(names[index]) if names and index < len(names) else str(index)
+
+
+@dataclass(frozen=True)
+class Found:
+    """A task's folder as one look found it (:meth:`StoreCatalog.find`): its signature, and the entry read from that
+    very signature if the catalog keeps one (else :meth:`StoreCatalog.read` reads it)."""
+
+    name: str
+    path: Path
+    signature: Signature
+    entry: Optional[TaskEntry]
 
 
 class UnknownTask(AttnftError):
@@ -113,6 +126,11 @@ class StoreCatalog:
 
     def get(self, name: str) -> TaskEntry:
         """The current entry of task ``name``; UnknownTask if it is not served, StoreUnavailable if no task can be."""
+        return self.read(self.find(name))
+
+    def find(self, name: str) -> Found:
+        """Task ``name``'s folder as it is now, and the entry kept for it if that entry was read from it (one look
+        at the folder: a few stats, nothing read); UnknownTask, StoreUnavailable as :meth:`get`."""
         path = self._path(name)
         signature = _signature(path)
         if signature is None:
@@ -120,9 +138,11 @@ class StoreCatalog:
             self._forget(name)
             raise UnknownTask(self._unknown(name))
         entry = self._entries.get(name)
-        if entry is not None and entry.signature == signature:
-            return entry
-        return self._reread(name, path, signature)
+        return Found(name, path, signature, entry if entry is not None and entry.signature == signature else None)
+
+    def read(self, found: Found) -> TaskEntry:
+        """The entry of the folder :meth:`find` found: the one kept, else its config read now."""
+        return found.entry if found.entry is not None else self._reread(found.name, found.path, found.signature)
 
     def current(self, name: str) -> Optional[TaskEntry]:
         """The entry last seen for ``name`` (no stat), or None."""
@@ -200,14 +220,14 @@ def _inside(link: Path, root: Path) -> bool:
 def _read_entry(name: str, path: Path, signature: Signature) -> TaskEntry:
     """The entry of the adapter folder ``path`` from its config alone; an entry with ``error`` if it cannot be read."""
     try:
-        method = method_of(path)
-        config = method.config(path)
-        base = BaseKey(config.model_name, int(config.input_size), method.name, method.serving_group(config))
+        folder = method_of(path).open(path)  # its family, found once, and its config, read once
+        method, config = folder.method, folder.config
+        base = BaseKey(config.model_name, int(config.input_size), method, method.serving_group(config))
         return TaskEntry(
             name, path, 0, signature, base=base, num_classes=int(config.num_classes or 0),
             label_names=tuple(config.label_names) if config.label_names else None,
             data_config=dict(config.data_config), weights_sha256=config.weights_sha256,
-            trained_params=int(config.trained_params or 0), format_name=method.format_label(config),
+            trained_params=int(config.trained_params or 0), format_name=method.format_label(config), folder=folder,
         )
     except AttnftError as e:
         return TaskEntry(name, path, 0, signature, error=" ".join(str(e).split()))

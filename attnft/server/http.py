@@ -7,7 +7,7 @@
     GET  /healthz                    liveness, queue depth
     GET  /metrics                    Prometheus metrics
 
-The event loop parses, looks the task up (a few stats of its folder; a changed config is read in the
+The event loop parses, looks the task up once (a few stats of its folder; a changed config is read in the
 pool) and awaits: decoding and preprocessing run in the service's thread pool, the model in its own thread
 (:mod:`attnft.server.batcher`). Every refusal is JSON ``{"error": one line, "kind": ...}`` with a 4xx
 status, or 503 (full queue, with ``Retry-After``; an adapter that cannot be served; a store whose folder
@@ -123,12 +123,11 @@ async def classify(service: "Service", request: Request) -> Response:
 
 
 async def _lookup(service: "Service", name: str) -> TaskEntry:
-    """The entry of task ``name``: as last read when its folder is unchanged (three stats, on the loop: cheaper than
-    a thread hop), else read in the pool: a config, however large, is never read on the event loop."""
-    entry = service.catalog.current(name)
-    if entry is not None and service.catalog.unchanged(entry):
-        return entry
-    return await service.run(service.catalog.get, name)
+    """The entry of task ``name``: its folder looked at once, on the loop (a few stats: cheaper than a thread hop);
+    the entry kept for it if unchanged, else its config read in the pool (a config, however large, is never read on
+    the event loop). The entry goes with the request to the model's thread, which loads what it holds."""
+    found = service.catalog.find(name)
+    return found.entry if found.entry is not None else await service.run(service.catalog.read, found)
 
 
 async def _classify(service: "Service", entry: TaskEntry, images: list[bytes], top_k: int) -> list[Answer]:

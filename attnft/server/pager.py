@@ -23,7 +23,6 @@ import torch
 
 from ..core.errors import AttnftError, first_line
 from ..core.parsing import format_bytes
-from ..methods import METHODS
 from ..methods.serving import storage_bytes, tensors_of
 from .catalog import BaseKey, StoreCatalog, TaskEntry, UnknownTask
 
@@ -136,10 +135,6 @@ class AdapterPager:
         result = Acquired()
         pinned: set[str] = set()
         for entry in entries:
-            reason = self.failure(entry)
-            if reason is not None:
-                result.failed[entry.name] = reason
-                continue
             loaded = self._loaded.get(entry.name)
             if loaded is None or loaded.entry.version < entry.version:
                 outcome = self._load(entry, pinned)
@@ -159,6 +154,9 @@ class AdapterPager:
 
     def _load(self, entry: TaskEntry, pinned: set[str]):
         """Loaded, or a reason (str) it cannot be, or None when it does not fit beside ``pinned`` now."""
+        reason = self.failure(entry)  # found while the request waited (another's load of this version failed)
+        if reason is not None:
+            return reason
         if entry.name in self._loaded:
             self._unload(entry.name, evicted=False)  # an older version
         new_base = entry.base not in self.backbones
@@ -175,31 +173,40 @@ class AdapterPager:
                 self._update_gauges()
                 return self.backbone_errors[entry.base]
             return f"adapter {entry.name} does not fit in --memory-budget beside the backbones"
-        for _ in range(LOAD_ATTEMPTS):
-            try:
-                current = self.catalog.get(entry.name)  # the newest version, at least the request's
-            except UnknownTask as e:
-                return str(e)
-            if current.base != entry.base or current.error is not None:
-                return self.failure(current) or f"adapter {entry.name} changed its base while the request waited: retry"
-            try:
-                backbone.server.add_task(entry.name, current.path)
-            except Exception as e:  # noqa: BLE001  whatever a broken folder makes a library raise, it stays this task's
-                if not self.catalog.unchanged(current):
-                    continue  # replaced while being read: read the new one
-                if not isinstance(e, AttnftError):
-                    logger.exception("loading adapter %s", entry.name)
-                return self._fail(current, f"adapter {entry.name} cannot be served: {first_line(e)}")
-            if not self.catalog.unchanged(current):
-                backbone.server.remove_task(entry.name)
-                continue
-            loaded = Loaded(current, backbone, backbone.server.memory_bytes().get(entry.name, self.estimate(current)))
-            self._loaded[entry.name] = loaded
-            if self.metrics is not None:
-                self.metrics.loads.inc()
-            self._update_gauges()
-            return loaded
+        current = entry  # the version the request looked up, its family and config as read then
+        for attempt in range(LOAD_ATTEMPTS):
+            if attempt:  # its folder changed since it was read: the newest version
+                try:
+                    current = self.catalog.get(entry.name)
+                except UnknownTask as e:
+                    return str(e)
+                if current.base != entry.base or current.error is not None:
+                    return self.failure(current) or f"adapter {entry.name} changed its base while the request waited: retry"
+            outcome = self._add(current, backbone)
+            if outcome is not None:
+                return outcome
         return f"adapter {entry.name} keeps changing in the store: retry"
+
+    def _add(self, entry: TaskEntry, backbone: Backbone):
+        """Loaded, or a reason (str) it cannot be; None when its folder changed while it was read (or since the
+        request looked it up): not this version, then. Its folder is looked at once, after the read."""
+        try:
+            backbone.server.add_task(entry.name, entry.folder)  # the weights, against the config the entry holds
+        except Exception as e:  # noqa: BLE001  whatever a broken folder makes a library raise, it stays this task's
+            if not self.catalog.unchanged(entry):
+                return None  # replaced while being read: read the new one
+            if not isinstance(e, AttnftError):
+                logger.exception("loading adapter %s", entry.name)
+            return self._fail(entry, f"adapter {entry.name} cannot be served: {first_line(e)}")
+        if not self.catalog.unchanged(entry):
+            backbone.server.remove_task(entry.name)
+            return None
+        loaded = Loaded(entry, backbone, backbone.server.memory_bytes().get(entry.name, self.estimate(entry)))
+        self._loaded[entry.name] = loaded
+        if self.metrics is not None:
+            self.metrics.loads.inc()
+        self._update_gauges()
+        return loaded
 
     def _make_room(self, needed: int, pinned: set[str]) -> bool:
         """Unload least recently used adapters outside ``pinned`` until ``needed`` more bytes fit."""
@@ -245,7 +252,7 @@ def _create_backbone(key: BaseKey, checkpoint: Optional[str], device: torch.devi
     from ..models import create_model
 
     base = create_model(key.model_name, checkpoint=checkpoint, img_size=key.input_size).eval()
-    server = METHODS[key.method].server(base)
+    server = key.method.server(base)
     server.base_fingerprint  # of the float32 weights the adapters were trained on: a bf16 copy hashes to another
     base.to(device=device, dtype=dtype)  # in place: the server's base, now at the serving dtype
     return Backbone(key, server, storage_bytes(tensors_of(base)))

@@ -137,10 +137,12 @@ def save_added(path: PathLike, tensors: dict[str, torch.Tensor], head: list[str]
     return config
 
 
-def read_added(path: PathLike, family: str, *, keep: bool = True) -> AddedAdapter:
-    """The adapter in folder ``path``: size and sha256 of its weights against the config, the header's names and
-    shapes against the config's, the head's rows against its classes, every value finite."""
-    config = AddedConfig.read(path, family)
+def read_added(path: PathLike, family: str, *, keep: bool = True,
+               config: Optional[AddedConfig] = None) -> AddedAdapter:
+    """The adapter in folder ``path``: size and sha256 of its weights against the config (``config``, if it was read
+    already), the header's names and shapes against the config's, the head's rows against its classes, every value
+    finite."""
+    config = config if config is not None else AddedConfig.read(path, family)
     weights = Path(path) / WEIGHTS_FILE
     try:
         size = weights.stat().st_size

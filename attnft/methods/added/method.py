@@ -19,7 +19,7 @@ from ...core.errors import BaseMismatchError, ConfigError, UnknownPolicyError
 from ...core.files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 from ...core.folders import FolderKind, Marker
 from ...roles import Role, RoleMap, build_role_map, is_bias, module_of
-from ..base import Applied, Method, Tuning, show_fields
+from ..base import AdapterFolder, Applied, Method, Tuning, show_fields
 from ..defaults import TrainingDefaults
 from ..fingerprint import compute_fingerprint
 from .format import AddedAdapter, AddedConfig, format_of, read_added, save_added
@@ -155,9 +155,13 @@ class AddedMethod(Method):
                    base_fingerprint=report.base_fingerprint, record=record, card=card, overwrite=overwrite)
 
     def config(self, source) -> AddedConfig:
-        return source.config if isinstance(source, AddedAdapter) else AddedConfig.read(source, self.name)
+        if isinstance(source, (AddedAdapter, AdapterFolder)):
+            return source.config
+        return AddedConfig.read(source, self.name)
 
     def read(self, path) -> AddedAdapter:
+        if isinstance(path, AdapterFolder):
+            return read_added(path.path, self.name, config=path.config)  # the weights alone, against the config read
         return read_added(path, self.name)
 
     def verify(self, path) -> AddedConfig:

@@ -8,7 +8,7 @@ from typing import Optional
 from torch import nn
 
 from ...roles import RoleMap
-from ..base import Applied, Method, Tuning, show_fields
+from ..base import AdapterFolder, Applied, Method, Tuning, show_fields
 from ..defaults import TrainingDefaults
 from ...core.folders import FolderKind, Marker
 from .config import CARD_FILE, CONFIG_FILE, FORMAT, WEIGHTS_FILE, Adapter, AdapterConfig
@@ -85,9 +85,11 @@ class Freeze(Method):
                      overwrite=overwrite)
 
     def config(self, source) -> AdapterConfig:
-        return source.config if isinstance(source, Adapter) else read_config(source)
+        return source.config if isinstance(source, (Adapter, AdapterFolder)) else read_config(source)
 
     def read(self, path) -> Adapter:
+        if isinstance(path, AdapterFolder):
+            return read_adapter(path.path, config=path.config)  # the weights alone, against the config read
         return read_adapter(path)
 
     def verify(self, path) -> AdapterConfig:

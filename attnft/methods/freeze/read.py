@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import hashlib
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -39,19 +40,23 @@ def verify_adapter(path: PathLike) -> AdapterConfig:
     return _read_verified(Path(path), keep=False)[0]
 
 
-def read_adapter(path: PathLike) -> Adapter:
-    """Read and verify an adapter folder (as :func:`verify_adapter`). Tensors come from safetensors; nothing is unpickled."""
+def read_adapter(path: PathLike, config: Optional[AdapterConfig] = None) -> Adapter:
+    """Read and verify an adapter folder (as :func:`verify_adapter`). Tensors come from safetensors; nothing is unpickled.
+
+    ``config``: the folder's config, if it was read already (then only the weights are read, checked against it)."""
     path = Path(path)
-    config, tensors = _read_verified(path, keep=True)
+    config, tensors = _read_verified(path, keep=True, config=config)
     return Adapter(config=config, tensors=tensors, path=path)
 
 
-def _read_verified(path: Path, keep: bool) -> tuple[AdapterConfig, dict[str, torch.Tensor]]:
+def _read_verified(path: Path, keep: bool, config: Optional[AdapterConfig] = None
+                   ) -> tuple[AdapterConfig, dict[str, torch.Tensor]]:
     """Every check of :func:`verify_adapter`, cheapest first; the tensors too if ``keep``.
 
     With ``keep`` the weights file is read once, and its tensors come from the very bytes whose sha256 matched the
-    config: an adapter rewritten while it is read (served, say) is refused, never loaded half old and half new."""
-    config = read_config(path)
+    config: an adapter rewritten while it is read (served, say) is refused, never loaded half old and half new; so is
+    one rewritten since ``config`` was read from it."""
+    config = config if config is not None else read_config(path)
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         raise AdapterError(f"{path} has no {WEIGHTS_FILE}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional, Union
@@ -91,10 +92,25 @@ def save_peft_adapter(
     return PeftAdapterInfo.from_dict(sidecar, path)
 
 
+@dataclass(frozen=True)
+class CheckedPeftAdapter:
+    """A peft adapter folder that passed every check of :func:`verify_peft_adapter`, with what the checks read: the
+    sidecar, peft's config as peft parsed it, and the shape of each tensor of the weights (by its name in the file)."""
+
+    info: PeftAdapterInfo
+    config: PeftConfig
+    shapes: dict[str, list[int]]
+
+
 def verify_peft_adapter(path: Union[str, os.PathLike]) -> PeftAdapterInfo:
     """Check a peft adapter folder is whole: weights' size and sha256, peft's config, a tensor for every target, the
     head's rows against the classes, every value finite."""
-    info = read_peft_adapter(path)
+    return check_peft_adapter(read_peft_adapter(path)).info
+
+
+def check_peft_adapter(info: PeftAdapterInfo) -> CheckedPeftAdapter:
+    """Every check of :func:`verify_peft_adapter`, of the folder whose sidecar ``info`` was read already (a folder
+    rewritten since does not match its sha256); AdapterError naming what is off."""
     weights = info.path / WEIGHTS_FILE
     if weights.stat().st_size != info.weights_bytes or sha256_file(weights) != info.weights_sha256:
         raise AdapterError(f"{weights} does not match the size and sha256 in {SIDECAR_FILE}: the file is corrupted or was replaced")
@@ -121,7 +137,7 @@ def verify_peft_adapter(path: Union[str, os.PathLike]) -> PeftAdapterInfo:
         raise AdapterError(f"{info.path / SIDECAR_FILE} has {len(info.label_names)} label names for "
                            f"{info.num_classes} classes")
     check_finite_file(weights)
-    return info
+    return CheckedPeftAdapter(info, config, shapes)
 
 
 def check_base(info: PeftAdapterInfo, fingerprint: str) -> None:
@@ -161,18 +177,33 @@ def load_peft_adapter(
         AdapterError: the folder does not verify, or the base already carries peft adapters.
         BaseMismatchError: the adapter was trained on other weights.
     """
-    if isinstance(base_model, PeftModel):
-        raise AdapterError("the model already carries peft adapters: pass the plain base model")
-    info = verify_peft_adapter(path)
+    _check_plain(base_model)
+    checked = check_peft_adapter(read_peft_adapter(path))
+    return load_checked_peft_adapter(base_model, checked, adapter_name=adapter_name, is_trainable=is_trainable,
+                                     base_fingerprint=base_fingerprint)
+
+
+def load_checked_peft_adapter(base_model: nn.Module, checked: CheckedPeftAdapter, *, adapter_name: str = "default",
+                              is_trainable: bool = False, base_fingerprint: Optional[str] = None) -> PeftModel:
+    """:func:`load_peft_adapter` of a folder :func:`check_peft_adapter` passed: nothing of it is read or hashed
+    again but for the weights peft loads."""
+    _check_plain(base_model)
+    info = checked.info
     check_base(info, base_fingerprint or compute_fingerprint(base_model))
     if info.head_modules and info.num_classes is not None and getattr(base_model, "num_classes", None) != info.num_classes:
         device = next(base_model.parameters()).device
         base_model.reset_classifier(info.num_classes)
         base_model.to(device)  # the new head is created on the default device
     try:
-        peft_model = PeftModel.from_pretrained(base_model, str(info.path), adapter_name=adapter_name, is_trainable=is_trainable)
+        peft_model = PeftModel.from_pretrained(base_model, str(info.path), adapter_name=adapter_name,
+                                               is_trainable=is_trainable, config=checked.config)
     except (RuntimeError, ValueError, KeyError) as e:  # shape mismatches, missing modules
         raise AdapterError(f"{info.path} does not fit this {type(base_model).__name__}: {e}") from None
     if not is_trainable:
         peft_model.eval()
     return peft_model
+
+
+def _check_plain(base_model: nn.Module) -> None:
+    if isinstance(base_model, PeftModel):
+        raise AdapterError("the model already carries peft adapters: pass the plain base model")

@@ -16,7 +16,7 @@ from ...core.errors import ConfigError
 from ...core.files import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 from ...core.folders import FolderKind, Marker
 from ...roles import RoleMap
-from ..base import Applied, Method, Tuning, show_fields
+from ..base import AdapterFolder, Applied, Method, Tuning, show_fields
 from ..defaults import TrainingDefaults
 from ..tensors import check_finite
 from .sidecar import SIDECAR_FILE, SIDECAR_FORMAT, PeftAdapterInfo, is_peft_adapter, read_peft_adapter
@@ -101,10 +101,12 @@ class Peft(Method):
         save_peft_adapter(model, report, path, record, overwrite=overwrite)
 
     def config(self, source) -> PeftAdapterInfo:
+        if isinstance(source, AdapterFolder):
+            return source.config
         return source if isinstance(source, PeftAdapterInfo) else read_peft_adapter(source)
 
     def read(self, path) -> PeftAdapterInfo:
-        return read_peft_adapter(path)  # the sidecar; load verifies the weights
+        return self.config(path)  # the sidecar (an AdapterFolder's, as read); load verifies the weights
 
     def verify(self, path) -> PeftAdapterInfo:
         from .files import verify_peft_adapter  # imports peft

@@ -9,11 +9,9 @@ shared part is :class:`attnft.methods.serving.TaskServer`)::
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Iterator, Mapping, Optional, Sequence, Union
 
-import safetensors
 import torch
 from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
@@ -21,13 +19,13 @@ from peft.utils import ModulesToSaveWrapper
 from torch import nn
 
 from ...core.errors import AdapterError
-from ...core.files import CONFIG_FILE, WEIGHTS_FILE
 from ...roles import join_name
+from ..base import AdapterFolder
 from ..fingerprint import compute_fingerprint
 from ..serving import TaskServer, check_base_model
-from .files import check_base, load_peft_adapter, verify_peft_adapter
+from .files import CheckedPeftAdapter, check_base, check_peft_adapter, load_checked_peft_adapter
 from .names import unprefixed
-from .sidecar import PeftAdapterInfo
+from .sidecar import PeftAdapterInfo, read_peft_adapter
 from .spec import PEFT_METHODS
 
 
@@ -89,25 +87,27 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
         """
         return cls.from_adapters(base_model, {name: store.path(name) for name in names})
 
-    def add_task(self, name: str, path: Union[str, os.PathLike, PeftAdapterInfo]) -> PeftAdapterInfo:
-        """Serve the peft adapter folder ``path`` (or the one its info was read from) as task ``name``;
-        BaseMismatchError if it fits another base."""
+    def add_task(self, name: str, path: Union[str, os.PathLike, PeftAdapterInfo, AdapterFolder]) -> PeftAdapterInfo:
+        """Serve the peft adapter folder ``path`` (or the one its info was read from; or an :class:`AdapterFolder`,
+        whose sidecar is not read again) as task ``name``; BaseMismatchError if it fits another base."""
         self._check_new_task(name)
-        path = path.path if isinstance(path, PeftAdapterInfo) else path  # a folder, or the info read from one
         adapter = f"task{self._next_id}"
-        info = verify_peft_adapter(path)  # every check `attnft adapters verify` makes: sizes, sha256, classes, finite values
-        if _peft_config(info).get("bias", "none") != "none":
+        # every check `attnft adapters verify` makes: sizes, sha256, classes, finite values; each file read once
+        checked = check_peft_adapter(_sidecar(path))
+        info = checked.info
+        if getattr(checked.config, "bias", "none") != "none":
             # peft trains biases in the base layer itself, which every task shares
             raise AdapterError(f"task {name!r} trains the base's biases (bias != none): it cannot share a base with other tasks")
         if self.model is None:
-            self.model = load_peft_adapter(self._base, path, adapter_name=adapter, base_fingerprint=self.base_fingerprint)
+            self.model = load_checked_peft_adapter(self._base, checked, adapter_name=adapter,
+                                                   base_fingerprint=self.base_fingerprint)
             self._base = None
         else:
             check_base(info, self.base_fingerprint)
             served = {i.method for i in self._tasks.values()} or {info.method}
             if served != {info.method}:  # one PeftModel holds adapters of one peft type
                 raise AdapterError(f"task {name!r} is a {info.method} adapter, the served tasks are {', '.join(served)}: serve each method on its own base")
-            self._fit_head_copies(adapter, info)
+            self._fit_head_copies(adapter, checked)
             try:
                 self.model.load_adapter(str(info.path), adapter_name=adapter)
             except (RuntimeError, ValueError, KeyError) as e:
@@ -118,14 +118,14 @@ class PeftMultiTask(TaskServer[PeftAdapterInfo]):
         self._tasks[name] = info
         return info
 
-    def _fit_head_copies(self, adapter: str, info: PeftAdapterInfo) -> None:
+    def _fit_head_copies(self, adapter: str, checked: CheckedPeftAdapter) -> None:
         """Give the task head copies of its own class count before peft loads into them.
 
         peft copies the base's head for each adapter and then loads the saved tensors, which
         fails when tasks have different class counts; a copy already there is kept by peft.
         """
-        with safetensors.safe_open(str(info.path / WEIGHTS_FILE), framework="pt") as f:
-            shapes = {unprefixed(k): tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        info = checked.info
+        shapes = {unprefixed(k): tuple(shape) for k, shape in checked.shapes.items()}
         for wrapper_name, wrapper in _head_wrappers(self.model).items():
             original = wrapper.original_module
             saved = {p: shapes.get(join_name(wrapper_name, p)) for p, _ in original.named_parameters()}
@@ -244,10 +244,9 @@ def _nbytes(part: Union[nn.Module, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _peft_config(info: PeftAdapterInfo) -> dict:
-    """peft's adapter_config.json of a served adapter; AdapterError if it cannot be read."""
-    path = info.path / CONFIG_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise AdapterError(f"{path} cannot be read: {e}") from None
+def _sidecar(source: Union[str, os.PathLike, PeftAdapterInfo, AdapterFolder]) -> PeftAdapterInfo:
+    """The sidecar of a task's adapter: the one an :class:`AdapterFolder` carries, else read from the folder (an info
+    names its folder, read again: the folder as it is now)."""
+    if isinstance(source, AdapterFolder):
+        return source.config
+    return read_peft_adapter(source.path if isinstance(source, PeftAdapterInfo) else source)
