@@ -106,6 +106,9 @@ def write_report(folder: Path, rows: list[dict], header: dict) -> dict:
     return report
 
 
+MARKERS = "osD^vPX*<>hp"  # matplotlib's marker codes
+
+
 def _plot(path: Path, rows: list[dict], header: dict) -> None:
     import matplotlib
 
@@ -113,18 +116,19 @@ def _plot(path: Path, rows: list[dict], header: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    colors = plt.get_cmap("tab20").colors
     for ax, key, label in ((axes[0], "adapter_mb", "adapter size (MB)"), (axes[1], "step_s", "step time (s)")):
-        for r in rows:
-            if r[key] is None:
-                continue
-            ax.errorbar(r[key], r["top1_mean"], yerr=r["top1_std"], fmt="o", capsize=4)
-            ax.annotate(r["policy"], (r[key], r["top1_mean"]), textcoords="offset points", xytext=(6, 4))
+        for i, r in enumerate(rows):  # a colour and a marker a policy, named in the legend: no two look alike
+            if r[key] is not None:
+                ax.errorbar(r[key], r["top1_mean"], yerr=r["top1_std"], fmt=MARKERS[i % len(MARKERS)], capsize=4,
+                            color=colors[(2 * i) % 20 + (2 * i) // 20 % 2], label=r["policy"])
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_xscale("log")
     axes[0].set_ylabel("top-1 % on the evaluation split")
     fig.suptitle(f"{header['task']} on {header['model']} ({len(rows[0]['seeds'])} seed(s) a policy)")
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", frameon=False)
+    fig.tight_layout(rect=(0, 0, 0.84, 1))
     tmp = path.with_name(f".{path.name}.tmp.png")
     try:
         fig.savefig(tmp, dpi=120)

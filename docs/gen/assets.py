@@ -10,6 +10,7 @@ REPO = Path(__file__).resolve().parents[2]
 FIGURES = {
     "assets/compare_digits.png": "benchmarks/results/compare_digits_search8/compare.png",
     "assets/compare_digits_field.png": "benchmarks/results/compare_digits_field/compare.png",
+    "assets/compare_digits_field_search8.png": "benchmarks/results/compare_digits_field_search8/compare.png",
     "assets/compare_fmnist384.png": "benchmarks/results/compare_fmnist384_search8/compare.png",
     "assets/paper_tables.png": "benchmarks/results/paper_tables.png",
 }
