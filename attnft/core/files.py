@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from .errors import StoreError
+from .errors import AdapterError, StoreError
 
 PathLike = Union[str, os.PathLike]
 
@@ -138,6 +138,38 @@ def write_text_atomically(path: PathLike, text: str, what: str) -> None:
     except OSError as e:
         remove_entry(tmp)
         raise io_error(e, f"writing {what} to {path}") from None
+
+
+def regular_files(source: Path) -> list[Path]:
+    """The regular, non-hidden files of adapter folder ``source`` (what an import copies); StoreError on any symlink,
+    AdapterError if it is no folder."""
+    if source.is_symlink():
+        raise StoreError(f"{source} is a symbolic link to {os.readlink(source)}: import the folder itself")
+    if not source.is_dir():
+        raise AdapterError(f"no adapter folder at {source}")
+    files = []
+    for item in sorted(source.iterdir()):
+        if item.name.startswith("."):
+            continue  # e.g. huggingface_hub's .cache; never part of an adapter
+        if item.is_symlink():
+            raise StoreError(f"{item} is a symbolic link: import copies regular files only; replace it with the file it points to")
+        if stat.S_ISREG(item.lstat().st_mode):
+            files.append(item)
+    return files
+
+
+def copy_regular_file(source: Path, target: Path) -> None:
+    """Copy ``source``, refusing it if it became a symlink or something else since it was listed."""
+    try:
+        # no following a symlink swapped in since the listing, no blocking on a FIFO
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise io_error(e, f"reading {source}") from None
+    with open(fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+            raise StoreError(f"{source} is not a regular file: import copies regular files only")
+        with open(target, "xb") as dst:
+            shutil.copyfileobj(src, dst)
 
 
 def nearest_existing(path: PathLike) -> Path:
