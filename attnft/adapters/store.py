@@ -24,7 +24,7 @@ from torch import nn
 from ..methods.freeze.config import Adapter, AdapterConfig
 from ..methods.freeze.snapshot import BaseSnapshot
 from ..core.checks import check_type
-from ..core.errors import AttnftError, StoreError
+from ..core.errors import AttnftError, DiskFullError, StoreError
 from ..core.files import (ADAPTER_FOLDER, CONFIG_FILE, PathLike, copy_regular_file, nearest_existing, pid_alive,
                           regular_files, remove_directory_atomically, remove_entry, write_directory_atomically)
 from ..methods.record import AdapterRecord
@@ -111,7 +111,8 @@ class AdapterStore:
         free = usage.free
         if free < max(needed_bytes, 1):
             needed = f", {needed_bytes} needed" if needed_bytes else ""
-            raise StoreError(f"no space left on device writing adapter {name} to {self.root} ({free} bytes free{needed})")
+            raise DiskFullError(f"no space left on device writing adapter {name} to {self.root} "
+                                f"({free} bytes free{needed})")
         if path.is_symlink() and not path.exists():
             raise StoreError(
                 f"{path} is a symbolic link to a missing {os.readlink(path)}: "

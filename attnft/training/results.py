@@ -115,7 +115,7 @@ def training_record(cfg: FinetuneConfig, task, final: EvalResult, output_dir: Pa
 def save_without_losing(save: Callable[[Destination], Path], destination: Destination, output_dir: Path) -> Path:
     """``save(destination)``; if the store refuses it now (a full disk, permissions, the name taken meanwhile: it was
     checked before training, so something changed), the training is not lost: the adapter goes to the output dir,
-    else to a new temporary folder, and the StoreError says where and how to import it."""
+    else to a new temporary folder, and a StoreError of the store's error's class says where and how to import it."""
     from ..adapters.store import AdapterStore
 
     try:
@@ -133,7 +133,7 @@ def save_without_losing(save: Callable[[Destination], Path], destination: Destin
             if root is None and folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
             continue
-        raise StoreError(f"{failed}; the trained adapter was saved to {path} instead; import it with: "
-                         f"attnft adapters import {path} {name} --store {store.root}") from None
-    raise StoreError(f"{failed}; saving it to {output_dir} or a temporary folder failed too, so the trained "
-                     "weights are lost: free some space and run again") from None
+        raise type(failed)(f"{failed}; the trained adapter was saved to {path} instead; import it with: "
+                           f"attnft adapters import {path} {name} --store {store.root}") from None
+    raise type(failed)(f"{failed}; saving it to {output_dir} or a temporary folder failed too, so the trained "
+                       "weights are lost: free some space and run again") from None
