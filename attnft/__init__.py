@@ -17,7 +17,8 @@ from .registration import register_bundled_models
 register_bundled_models()
 
 _ERRORS = ("AttnftError", "UnknownModelError", "UnknownPolicyError", "NoAttentionError", "AdapterError",
-           "BaseMismatchError", "StoreError", "DataError", "ConfigError", "OfflineError", "DivergedError")
+           "BaseMismatchError", "StoreError", "DiskFullError", "DataError", "ConfigError", "OfflineError",
+           "DivergedError")
 # public name -> the module that defines it
 _HOMES = {
     "create_model": "attnft.models",

@@ -383,12 +383,12 @@ def test_the_reporting_process_runs_the_trial_a_dead_worker_left_running(data, t
     """A worker died elsewhere mid-trial: its trial counted toward N while its heartbeat was fresh; once stale it is
     failed, and the process that reports runs the trial missing instead of waiting for it for ever; a --search-only
     worker too, instead of stopping a trial short."""
-    import attnft.compare.study as search
+    import attnft.compare.storage as storages
 
-    monkeypatch.setattr(search, "HEARTBEAT_S", 1)
-    monkeypatch.setattr(search, "GRACE_S", 6)
+    monkeypatch.setattr(storages, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(storages, "GRACE_S", 6)
     url = f"sqlite:///{tmp_path / 'shared.db'}"
-    storage = search.open_storage(url)
+    storage = storages.open_storage(url)
     study = optuna.create_study(study_name="shared-attn", storage=storage, direction="maximize")
     with pytest.warns(UserWarning, match="Heartbeat"):
         dead = study.ask()
@@ -424,10 +424,11 @@ def test_a_trial_whose_worker_died_before_it_said_whose_it_is_is_failed(data, tm
     owner, and once it is :data:`ORPHAN_S` old the next process fails it and runs the one missing, instead of waiting
     for a heartbeat that never comes."""
     import attnft.compare.study as search
+    from attnft.compare.storage import open_storage
 
     monkeypatch.setattr(search, "ORPHAN_S", 1)
     url = f"sqlite:///{tmp_path / 'shared.db'}"
-    study = optuna.create_study(study_name="orphan-attn", storage=search.open_storage(url), direction="maximize")
+    study = optuna.create_study(study_name="orphan-attn", storage=open_storage(url), direction="maximize")
     with pytest.warns(UserWarning, match="Heartbeat"):
         study.ask()  # and nothing else: the worker is gone
     time.sleep(1.5)

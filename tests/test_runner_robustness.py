@@ -24,6 +24,7 @@ from attnft.cli import main
 from attnft.training.divergence import LossWindow
 from attnft.training.processes import new_accelerator
 from attnft.training.run_folder import LOCK_FILE, MetricsLog
+from full_disk import fill, small_tmpfs  # noqa: F401  (small_tmpfs: a fixture)
 from test_runner import (  # noqa: F401  (fixtures)
     _fails_cleanly,
     _snapshot,
@@ -227,32 +228,11 @@ def test_eval_output_on_a_full_disk_is_one_line_and_leaves_no_temporary(previous
     assert os.listdir(tmp_path / "out") == []
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 2 MB tmpfs (as root; else skipped): a real full disk."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-
-
-def _fill(folder, leave_bytes: int) -> None:
-    """Fill the file system of ``folder`` until about ``leave_bytes`` are free."""
-    free = shutil.disk_usage(folder).free
-    with open(os.path.join(folder, "filler"), "wb") as f:
-        f.write(b"\0" * max(0, free - leave_bytes))
-
-
 def test_a_really_full_store_keeps_the_trained_adapter_in_the_output_dir(tiny, tmp_path, capsys, small_tmpfs):
     model, data = tiny
     store = small_tmpfs / "store"
     store.mkdir()
-    _fill(small_tmpfs, 8192)  # room for the adapter's config, not for its weights
+    fill(small_tmpfs, 8192)  # room for the adapter's config, not for its weights
     argv = finetune_args(model, data, tmp_path, "--steps", "2", "--name", "colors")
     argv[argv.index("--store") + 1] = str(store)
     capsys.readouterr()
@@ -267,7 +247,7 @@ def test_a_really_full_store_keeps_the_trained_adapter_in_the_output_dir(tiny, t
 
 def test_a_really_full_output_dir_is_one_line_and_leaves_no_temporary(tiny, tmp_path, capsys, small_tmpfs):
     model, data = tiny
-    _fill(small_tmpfs, 64 * 1024)  # the lock, config and metrics fit; a checkpoint (about 200 kB) does not
+    fill(small_tmpfs, 64 * 1024)  # the lock, config and metrics fit; a checkpoint (about 200 kB) does not
     argv = finetune_args(model, data, tmp_path, "--steps", "3", "--checkpoint-every", "1")
     argv[argv.index("--output-dir") + 1] = str(small_tmpfs / "run")
     capsys.readouterr()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -25,9 +24,9 @@ from torch import nn
 from ..methods.freeze.config import Adapter, AdapterConfig
 from ..methods.freeze.snapshot import BaseSnapshot
 from ..core.checks import check_type
-from ..core.errors import AdapterError, AttnftError, StoreError
-from ..core.files import (ADAPTER_FOLDER, CONFIG_FILE, PathLike, io_error, nearest_existing, pid_alive,
-                          remove_directory_atomically, remove_entry, write_directory_atomically)
+from ..core.errors import AttnftError, DiskFullError, StoreError
+from ..core.files import (ADAPTER_FOLDER, CONFIG_FILE, PathLike, copy_regular_file, nearest_existing, pid_alive,
+                          regular_files, remove_directory_atomically, remove_entry, write_directory_atomically)
 from ..methods.record import AdapterRecord
 from .names import check_name, is_valid_name
 from ..methods import METHODS, AdapterSummary, Method, method_of
@@ -97,7 +96,7 @@ class AdapterStore:
         and can be written (permissions, read-only file system); that at least ``needed_bytes``
         (default: any) are free; and that the entry ``name`` is free, or an adapter and
         ``overwrite`` -- never a dangling symlink, a file or a folder that is not an adapter,
-        which ``overwrite`` would destroy. :meth:`save` and :meth:`import_folder` call it too.
+        which ``overwrite`` would destroy. :meth:`save`, :meth:`destination` and :meth:`import_folder` call it.
         """
         path = self.path(name)
         self._check_root()
@@ -112,7 +111,8 @@ class AdapterStore:
         free = usage.free
         if free < max(needed_bytes, 1):
             needed = f", {needed_bytes} needed" if needed_bytes else ""
-            raise StoreError(f"no space left on device writing adapter {name} to {self.root} ({free} bytes free{needed})")
+            raise DiskFullError(f"no space left on device writing adapter {name} to {self.root} "
+                                f"({free} bytes free{needed})")
         if path.is_symlink() and not path.exists():
             raise StoreError(
                 f"{path} is a symbolic link to a missing {os.readlink(path)}: "
@@ -135,18 +135,9 @@ class AdapterStore:
 
     # --- write ---
 
-    def save(
-        self,
-        name: str,
-        model: Union[nn.Module, "PeftModel"],
-        report: Union[PolicyReport, "PeftReport"],
-        base: Optional[BaseSnapshot] = None,
-        record: Optional[AdapterRecord] = None,
-        *,
-        overwrite: bool = False,
-        mode: str = "exact",
-        delta_dtype: str = "float16",
-    ) -> Path:
+    def save(self, name: str, model: Union[nn.Module, "PeftModel"], report: Union[PolicyReport, "PeftReport"],
+             base: Optional[BaseSnapshot] = None, record: Optional[AdapterRecord] = None, *, overwrite: bool = False,
+             mode: str = "exact", delta_dtype: str = "float16") -> Path:
         """Save an adapter under ``name`` (atomically), in the format of the family that made ``report``.
 
         Args:
@@ -166,12 +157,25 @@ class AdapterStore:
             StoreError: a bad name, an existing adapter without ``overwrite``, a store that cannot be written.
             AdapterError: a tensor that is NaN or inf.
         """
-        path = self.check_writable(name, overwrite)
-        self._clean_stale()
-        method = method_of(report)
-        record = record or AdapterRecord.of(model)
-        method.save(path, model, report, base, record, overwrite=overwrite, mode=mode, delta_dtype=delta_dtype, title=name)
-        return path
+        return self.destination(name, method_of(report), overwrite).save(model, report, base, record, mode=mode,
+                                                                         delta_dtype=delta_dtype)
+
+    def destination(self, name: str, method: Method, overwrite: bool = False) -> "Destination":
+        """Where adapter ``name`` will be saved, checked writable now (:meth:`check_writable`): a run checks before it
+        trains and saves there after (:meth:`Destination.save`) without asking the store or the family again.
+
+        Args:
+            name: the adapter's name.
+            method: the family whose format it is saved in (``parse_method(spec).method``).
+            overwrite: replace an adapter of that name.
+
+        Returns:
+            A ``Destination``: ``store``, ``name``, ``path``, ``method``, ``overwrite``.
+
+        Raises:
+            StoreError: as :meth:`check_writable`.
+        """
+        return Destination(self, name, self.check_writable(name, overwrite), method, overwrite)
 
     def import_folder(self, source: Union[str, os.PathLike], name: str, *, overwrite: bool = False) -> Path:
         """Copy a verified adapter folder (e.g. downloaded from a hub) into the store as ``name``.
@@ -180,14 +184,14 @@ class AdapterStore:
         the folder itself or any file in it, is refused: its content could be anything anywhere.
         """
         path = self.check_writable(name, overwrite)
-        files = _files_to_import(Path(source))
+        files = regular_files(Path(source))
         method = method_of(source)
         method.verify(source)  # refuse a broken folder before anything is written
         self._clean_stale()
 
         def write(folder: Path) -> None:
             for item in files:
-                _copy_regular_file(item, folder / item.name)
+                copy_regular_file(item, folder / item.name)
             method.verify(folder)  # the copy, not just the source
 
         write_directory_atomically(path, write, kind=ADAPTER_FOLDER, overwrite=overwrite)
@@ -309,6 +313,28 @@ class AdapterStore:
             pass  # a courtesy to the store: it must never stop the write itself
 
 
+@dataclass(frozen=True)
+class Destination:
+    """Where an adapter will be saved (:meth:`AdapterStore.destination`): its store, name and folder, checked
+    writable once, and the family whose format it is written in. What changed since the check is still refused at
+    the write, atomically: a name taken meanwhile, a full disk, lost permissions (one StoreError line)."""
+
+    store: AdapterStore
+    name: str
+    path: Path
+    method: Method
+    overwrite: bool = False
+
+    def save(self, model: Union[nn.Module, "PeftModel"], report: Union[PolicyReport, "PeftReport"],
+             base: Optional[BaseSnapshot] = None, record: Optional[AdapterRecord] = None, *, mode: str = "exact",
+             delta_dtype: str = "float16") -> Path:
+        """Save the adapter here, as :meth:`AdapterStore.save` does once it checked; the adapter's folder."""
+        self.store._clean_stale()
+        self.method.save(self.path, model, report, base, record or AdapterRecord.of(model), overwrite=self.overwrite,
+                         mode=mode, delta_dtype=delta_dtype, title=self.name)
+        return self.path
+
+
 def _hf_api():
     from huggingface_hub import HfApi
 
@@ -325,37 +351,6 @@ def _last_change(entry: Path) -> float:
             except FileNotFoundError:
                 continue  # removed while we looked
     return max(times)
-
-
-def _files_to_import(source: Path) -> list[Path]:
-    """The regular, non-hidden files of folder ``source``; StoreError on any symlink."""
-    if source.is_symlink():
-        raise StoreError(f"{source} is a symbolic link to {os.readlink(source)}: import the folder itself")
-    if not source.is_dir():
-        raise AdapterError(f"no adapter folder at {source}")
-    files = []
-    for item in sorted(source.iterdir()):
-        if item.name.startswith("."):
-            continue  # e.g. huggingface_hub's .cache; never part of an adapter
-        if item.is_symlink():
-            raise StoreError(f"{item} is a symbolic link: import copies regular files only; replace it with the file it points to")
-        if stat.S_ISREG(item.lstat().st_mode):
-            files.append(item)
-    return files
-
-
-def _copy_regular_file(source: Path, target: Path) -> None:
-    """Copy ``source``, refusing it if it became a symlink or something else since it was listed."""
-    try:
-        # no following a symlink swapped in since the listing, no blocking on a FIFO
-        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError as e:
-        raise io_error(e, f"reading {source}") from None
-    with open(fd, "rb") as src:
-        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
-            raise StoreError(f"{source} is not a regular file: import copies regular files only")
-        with open(target, "xb") as dst:
-            shutil.copyfileobj(src, dst)
 
 
 @dataclass
@@ -396,4 +391,4 @@ def find_adapter(name_or_folder: str, store_root: Optional[PathLike] = None) -> 
     return FoundAdapter(path, method, adapter, method.config(adapter))
 
 
-__all__ = ["AdapterStore", "FoundAdapter", "STALE_AFTER_S", "default_store_root", "find_adapter"]
+__all__ = ["AdapterStore", "Destination", "FoundAdapter", "STALE_AFTER_S", "default_store_root", "find_adapter"]

@@ -8,11 +8,14 @@ with ``--overwrite`` run again.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +23,8 @@ from typing import Optional
 
 import yaml
 
-from ..core.errors import AttnftError, ConfigError
-from ..core.files import remove_entry, write_text_atomically
+from ..core.errors import AttnftError, ConfigError, DiskFullError
+from ..core.files import FULL_DISK_REASONS, remove_entry, write_text_atomically
 from ..core.lifetime import child_env
 from ..training.config import FinetuneConfig
 from ..training.run_folder import METRICS_FILE, RESULT_FILE, RunLock, is_run_folder
@@ -78,13 +81,17 @@ def run_final(ft: FinetuneConfig, policy: str, settings: Settings, seed: int, ru
     start = time.perf_counter()
     with open(log_path, "w") as log:
         child = subprocess.Popen([sys.executable, "-m", "attnft", "finetune", "--recipe", str(recipe)],
-                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env())
+                                 stdout=log, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=child_env(),
+                                 text=True, errors="replace")
+        said = _CopiedLines(child.stderr, log)  # kept here too: a full disk under the log loses no error line
         peak_kb = _watch_peak_rss(child)
+        said.join()
     wall = time.perf_counter() - start
     if child.returncode != 0:
-        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
-        raise AttnftError(f"the final run of {policy} (seed {seed}) failed: {lines[-1] if lines else 'no output'} "
-                          f"(its log: {log_path})")
+        last = said.lines[-1] if said.lines else _last_line(log_path)
+        full = any(reason in last.lower() for reason in FULL_DISK_REASONS)
+        raise (DiskFullError if full else AttnftError)(
+            f"the final run of {policy} (seed {seed}) failed: {last} (its log: {log_path})")
     result = json.loads((run_dir / RESULT_FILE).read_text())
     run = FinalRun(seed=seed, top1=result["accuracy_after"], lr=_lr_of(run_dir),
                    trainable_params=result["trainable_params"], total_params=result["total_params"],
@@ -118,6 +125,34 @@ def _changed_settings(recipe: Path, cfg: FinetuneConfig, also_ignore: frozenset 
     held, wanted = (settings_of(values, NOT_LEARNED | also_ignore) for values in (held, cfg.to_dict()))
     keys = [k for k in wanted if k in held and held[k] != wanted[k]]
     return ", ".join(f"{k} {held[k]!r}, now {wanted[k]!r}" for k in keys[:3]) + (" ..." if len(keys) > 3 else "")
+
+
+class _CopiedLines(threading.Thread):
+    """The lines of a child's pipe, copied to the file ``log`` as they come (unbuffered: a write that fails, its disk
+    full, is left out and nothing waits to be flushed) and the last of them kept (``lines``), until the child closes
+    it."""
+
+    def __init__(self, pipe, log):
+        super().__init__(daemon=True)
+        self.pipe, self.fd, self.lines = pipe, log.fileno(), collections.deque(maxlen=20)
+        self.start()
+
+    def run(self) -> None:
+        for line in self.pipe:
+            if line.strip():
+                self.lines.append(line.strip().removeprefix("attnft: error: "))
+            try:
+                os.write(self.fd, line.encode())
+            except OSError:
+                pass
+
+
+def _last_line(log_path: Path) -> str:
+    try:
+        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    return lines[-1] if lines else "no output"
 
 
 def _watch_peak_rss(child: subprocess.Popen, every_s: float = 0.1) -> int:

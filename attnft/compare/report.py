@@ -6,12 +6,13 @@ were chosen on; "x full" is against the ``full`` policy of the same comparison, 
 """
 from __future__ import annotations
 
+import io
 import json
 import statistics
 from pathlib import Path
 from typing import Optional
 
-from ..core.files import io_error, write_text_atomically
+from ..core.files import write_files_atomically
 from .final import FinalRun
 from .study import Settings
 
@@ -94,22 +95,22 @@ def render_markdown(rows: list[dict], header: dict, summary: dict) -> str:
 
 
 def write_report(folder: Path, rows: list[dict], header: dict) -> dict:
-    """compare.md, compare.json and compare.png in ``folder``; the report as a dict."""
+    """compare.md, compare.json and compare.png in ``folder``, all three or none (a full disk leaves the report that
+    was there, or none); the report as a dict."""
     summary = summarize(rows)
     report = {**header, "policies": rows, **summary}
-    try:
-        _plot(folder / REPORT_PNG, rows, header)  # first, the largest: a full disk stops the report before the rest
-    except OSError as e:
-        raise io_error(e, f"writing {REPORT_PNG} (the runs are kept: run the comparison again to report)") from None
-    write_text_atomically(folder / REPORT_JSON, json.dumps(report, indent=2) + "\n", REPORT_JSON)
-    write_text_atomically(folder / REPORT_MD, render_markdown(rows, header, summary), REPORT_MD)
+    write_files_atomically({folder / REPORT_PNG: _plot(rows, header),
+                            folder / REPORT_JSON: (json.dumps(report, indent=2) + "\n").encode(),
+                            folder / REPORT_MD: render_markdown(rows, header, summary).encode()},
+                           "the report")
     return report
 
 
 MARKERS = "osD^vPX*<>hp"  # matplotlib's marker codes
 
 
-def _plot(path: Path, rows: list[dict], header: dict) -> None:
+def _plot(rows: list[dict], header: dict) -> bytes:
+    """compare.png's bytes."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
@@ -127,14 +128,12 @@ def _plot(path: Path, rows: list[dict], header: dict) -> None:
     axes[0].set_xscale("log")
     axes[0].set_ylabel("top-1 % on the evaluation split")
     fig.suptitle(f"{header['task']} on {header['model']} ({len(rows[0]['seeds'])} seed(s) a policy)")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", frameon=False)
+    legend = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(legend.values(), legend.keys(), loc="center right", frameon=False)
     fig.tight_layout(rect=(0, 0, 0.84, 1))
-    tmp = path.with_name(f".{path.name}.tmp.png")
+    png = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=120)
-        tmp.replace(path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # nothing half-written
-        raise
+        fig.savefig(png, format="png", dpi=120)
     finally:
         plt.close(fig)
+    return png.getvalue()

@@ -26,8 +26,9 @@ from ..adapters.names import fit_name
 from ..adapters.store import AdapterStore
 from ..core.checks import check_type
 from ..core.parsing import short
-from ..core.errors import AttnftError, ConfigError
-from ..core.files import check_outside, check_outside_attnft_folders, check_outside_store, write_text_atomically
+from ..core.errors import AttnftError, ConfigError, DiskFullError
+from ..core.files import (FULL_DISK, check_outside, check_outside_attnft_folders, check_outside_store, io_error,
+                          write_text_atomically)
 from ..data import data_fingerprint
 from ..training.config import FinetuneConfig
 from ..training.plan import check_apart_from_data
@@ -38,6 +39,7 @@ from . import study as search
 from .config import MAX_SEEDS, CompareConfig
 from .final import final_config, is_finished, run_final, same_recipe
 from .report import final_line, policy_row, write_report
+from .storage import database_full, full_database, open_storage
 from .urls import masked_argv
 
 MARKER = "compare_config.json"  # what makes a folder a comparison's, and of which task
@@ -104,9 +106,33 @@ def compare(cfg: CompareConfig, ft: FinetuneConfig, command: str = "") -> Option
     """
     check_type(cfg, CompareConfig, "cfg", "a CompareConfig")
     check_type(ft, FinetuneConfig, "ft", "a FinetuneConfig (the settings every run shares)")
-    plan = check_compare(cfg, ft)  # everything a user can get wrong, before anything is written
-    with contextlib.nullcontext() if cfg.search_only else CompareLock(plan.folder):  # this process runs the finals
-        return _compare(plan, command)
+    with _a_full_disk_resumes(cfg, ft):
+        plan = check_compare(cfg, ft)  # everything a user can get wrong, before anything is written
+        with contextlib.nullcontext() if cfg.search_only else CompareLock(plan.folder):  # this process runs the finals
+            return _compare(plan, command)
+
+
+@contextlib.contextmanager
+def _a_full_disk_resumes(cfg: CompareConfig, ft: FinetuneConfig):
+    """Inside, a full disk (or quota) under the compare folder, the study's database or the store, found by any write
+    (attnft's, Optuna's, the database's), becomes one DiskFullError line naming where and saying that a rerun
+    resumes: every write is whole or absent (files atomic, the study's in transactions, adapters the store's)."""
+    resumes = ("free some space there and run the comparison again (it resumes where it stopped: finished trials and "
+               "final runs are kept)")
+    try:
+        yield
+    except DiskFullError as e:
+        raise DiskFullError(f"{e}: {resumes}") from None
+    except OSError as e:
+        if e.errno not in FULL_DISK:
+            raise
+        where = e.filename or cfg.output_dir or Path("compare") / task_label(ft)  # a trial's log, a folder
+        raise DiskFullError(f"{io_error(e, f'writing {where}')}: {resumes}") from None
+    except Exception as e:  # Optuna's, SQLAlchemy's: the study's database
+        if not database_full(e):
+            raise
+        url = cfg.storage or _sqlite_url(Path(cfg.output_dir or Path("compare") / task_label(ft)))
+        raise DiskFullError(f"{full_database(url)}: {resumes}") from None
 
 
 def _compare(plan: Plan, command: str) -> Optional[dict]:
@@ -191,7 +217,7 @@ def _check_runs(plan: Plan, policy: str) -> None:
 
 
 def _checked_storage(plan: Plan, url: str):
-    storage = search.open_storage(url)
+    storage = open_storage(url)
     for p in plan.cfg.policy_list:
         search.check_study(storage, f"{plan.study_base}-{p}", plan.ident[p])
     return storage

@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .heartbeat import heartbeat
-from ..core.errors import AttnftError, ConfigError, DivergedError
+from ..core.errors import AttnftError, ConfigError, DiskFullError, DivergedError
 from ..core.files import pid_alive
 from ..training.config import RUN_ONLY_FIELDS, FinetuneConfig
 from .config import OWN_FIELDS
-from .urls import masked, safe_url
+from .storage import require_optuna
+from .urls import safe_url
 
 if TYPE_CHECKING:
     import optuna
@@ -40,10 +41,6 @@ if TYPE_CHECKING:
 STUDY_FILE = "study.db"  # the default storage, in the compare folder
 WEIGHT_DECAY_RANGE = (1e-4, 0.3)
 SEARCHED = ("lr", "weight_decay")  # the parameters a trial draws (trial_objective's)
-SCHEMA_ATTEMPTS = 5
-# a running trial records a heartbeat this often; one silent for the grace period (its process or machine gone) is
-# failed by the next process that looks, so that it neither counts toward N nor holds up the report
-HEARTBEAT_S, GRACE_S = 60, 600
 ORPHAN_S = 30  # a running trial with no host and pid this long after it was asked: its worker died asking
 LR_SPAN = 10.0  # the search's lr range: the default / LR_SPAN to the default x LR_SPAN
 # what a study compares is every finetune setting (a comparison with another value would mix in trials of another task,
@@ -53,15 +50,6 @@ LR_SPAN = 10.0  # the search's lr range: the default / LR_SPAN to the default x 
 NOT_LEARNED = RUN_ONLY_FIELDS | {"cpu", "compile", "recompute_ffn", "grad_checkpointing", "find_unused_parameters"}
 NOT_IDENTITY = NOT_LEARNED | {"max_eval"}
 PATHS = ("dataset", "data_dir", "checkpoint", "teacher_checkpoint")  # the same from any working directory
-
-
-def require_optuna():
-    try:
-        import optuna
-    except ImportError:
-        raise ConfigError("attnft compare --search needs Optuna: pip install 'attnft[compare]'") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna
 
 
 @dataclass(frozen=True)
@@ -91,62 +79,6 @@ def settings_of(values: dict, leave_out: frozenset) -> dict:
         if isinstance(kept.get(key), str) and os.path.exists(kept[key]):
             kept[key] = os.path.abspath(kept[key])
     return kept
-
-
-def open_storage(url: str):
-    """Optuna's RDBStorage for ``url``; a ConfigError line if the database cannot be reached or read."""
-    optuna = require_optuna()
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
-
-    engine_kwargs = {"connect_args": {"connect_timeout": 10}} if url.startswith(("postgresql", "mysql")) else {}
-    _check_no_foreign_tables(url, engine_kwargs)
-    for attempt in range(SCHEMA_ATTEMPTS):
-        try:
-            with warnings.catch_warnings():  # the heartbeat is "experimental" in Optuna since 2.9
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S,
-                                                  grace_period=GRACE_S)
-        except (IntegrityError, ProgrammingError, OperationalError) as e:
-            # workers started together on an empty database race to create Optuna's tables: the loser finds them
-            denied = "permission denied" in str(e).lower() or "insufficientprivilege" in str(e).lower()
-            racing = not denied and (not isinstance(e, OperationalError) or "already exists" in str(e))
-            if not racing or attempt == SCHEMA_ATTEMPTS - 1:
-                if not racing:
-                    raise ConfigError(f"cannot use the study database {safe_url(url)}: {_reason(e, url)}") from None
-                raise
-            time.sleep(0.5 * (attempt + 1))
-        except (SQLAlchemyError, ValueError, ImportError, OSError) as e:
-            raise ConfigError(f"cannot use the study database {safe_url(url)}: {_reason(e, url)}") from None
-
-
-_OPTUNA_TABLES = {"studies", "trials", "version_info"}  # a database Optuna made holds these (and more)
-
-
-def _check_no_foreign_tables(url: str, engine_kwargs: dict) -> None:
-    """ConfigError, before Optuna writes its schema, if the database holds tables but not Optuna's: another
-    program's database (an SQLite file of an app, say) gets no study tables added."""
-    import sqlalchemy
-    from sqlalchemy.exc import SQLAlchemyError
-
-    try:
-        engine = sqlalchemy.create_engine(url, **engine_kwargs)
-        try:
-            tables = set(sqlalchemy.inspect(engine).get_table_names())
-        finally:
-            engine.dispose()
-    except (SQLAlchemyError, ValueError, ImportError, OSError) as e:
-        raise ConfigError(f"cannot use the study database {safe_url(url)}: {_reason(e, url)}") from None
-    if tables and not _OPTUNA_TABLES <= tables:
-        shown = ", ".join(sorted(tables)[:3]) + (" ..." if len(tables) > 3 else "")
-        raise ConfigError(f"the study database {safe_url(url)} holds another program's tables ({shown}) and no "
-                          "Optuna study: pass an empty database or one of Optuna's")
-
-
-def _reason(error: Exception, url: str) -> str:
-    """The database's error in one line, ``url``'s password masked (a URL it cannot parse is quoted whole)."""
-    return masked(" ".join(str(getattr(error, "orig", None) or error).split()), url)[:200]
 
 
 def open_study(storage, name: str, ident: dict, pruner: str, epochs: int):
@@ -219,8 +151,9 @@ def counted(study) -> list:
 
 def fail_dead_trials(study) -> None:
     """Close as failed the running trials whose process is gone: at once those of this machine (a comparison killed
-    here), those of any machine whose heartbeat stopped :data:`GRACE_S` ago (Optuna's stale trials), and those that
-    say no owner :data:`ORPHAN_S` after they were asked (a worker records its host and pid right after asking)."""
+    here, or stopped by an error in this very process, which runs no trial while it looks), those of any machine
+    whose heartbeat stopped :data:`.storage.GRACE_S` ago (Optuna's stale trials), and those that say no owner
+    :data:`ORPHAN_S` after they were asked (a worker records its host and pid right after asking)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -230,7 +163,7 @@ def fail_dead_trials(study) -> None:
     now = datetime.datetime.now()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         host, pid = trial.user_attrs.get("host"), trial.user_attrs.get("pid")
-        if host == socket.gethostname() and isinstance(pid, int) and pid != os.getpid() and not pid_alive(pid):
+        if host == socket.gethostname() and isinstance(pid, int) and (pid == os.getpid() or not pid_alive(pid)):
             _tell(study, trial.number, state=TrialState.FAIL)  # by number: public, from any process
         elif host is None and trial.datetime_start and (now - trial.datetime_start).total_seconds() > ORPHAN_S:
             # asked by a worker killed before it said whose the trial is (or started its heartbeat): no one's
@@ -266,7 +199,10 @@ def run_trials(study, search: int, objective: Callable, on_trial: Callable[[], N
         except UpdateFinishedTrialError:  # from the trial's report: another process failed it, its heartbeat stale
             pass
         except BaseException:
-            _tell(study, trial, state=TrialState.FAIL)
+            # the error says what went wrong; a database that cannot take the failure too (its disk full) leaves the
+            # trial running, and the next process fails it as dead
+            with contextlib.suppress(Exception):
+                _tell(study, trial, state=TrialState.FAIL)
             raise
         else:
             _tell(study, trial, value)
@@ -381,6 +317,8 @@ def trial_objective(ft: FinetuneConfig, policy: str, default_lr: float, holdout:
             except DivergedError as e:  # an outcome of its settings (an lr too high), not the user's: it ends pruned
                 trial.set_user_attr("diverged", str(e))
                 raise optuna.TrialPruned(f"diverged: {e}") from None
+            except DiskFullError as e:  # freeing space is the fix, not another setting
+                raise DiskFullError(f"trial {trial.number} of {policy} failed: {e}") from None
             except AttnftError as e:
                 raise ConfigError(f"trial {trial.number} of {policy} failed: {e}") from None
             finally:

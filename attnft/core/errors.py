@@ -38,6 +38,11 @@ class StoreError(AttnftError):
     """A store operation was refused (bad name, existing adapter, missing adapter)."""
 
 
+class DiskFullError(StoreError):
+    """A write found no space left: a full disk, or the user's quota. What attnft writes is whole or absent, so
+    freeing some space and running the command again is the fix (a comparison then resumes where it stopped)."""
+
+
 class DataError(AttnftError):
     """A dataset, split or column cannot be found or read."""
 

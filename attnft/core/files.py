@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from .errors import StoreError
+from .errors import AdapterError, DiskFullError, StoreError
 
 PathLike = Union[str, os.PathLike]
 
@@ -140,6 +140,60 @@ def write_text_atomically(path: PathLike, text: str, what: str) -> None:
         raise io_error(e, f"writing {what} to {path}") from None
 
 
+def regular_files(source: Path) -> list[Path]:
+    """The regular, non-hidden files of adapter folder ``source`` (what an import copies); StoreError on any symlink,
+    AdapterError if it is no folder."""
+    if source.is_symlink():
+        raise StoreError(f"{source} is a symbolic link to {os.readlink(source)}: import the folder itself")
+    if not source.is_dir():
+        raise AdapterError(f"no adapter folder at {source}")
+    files = []
+    for item in sorted(source.iterdir()):
+        if item.name.startswith("."):
+            continue  # e.g. huggingface_hub's .cache; never part of an adapter
+        if item.is_symlink():
+            raise StoreError(f"{item} is a symbolic link: import copies regular files only; replace it with the file it points to")
+        if stat.S_ISREG(item.lstat().st_mode):
+            files.append(item)
+    return files
+
+
+def copy_regular_file(source: Path, target: Path) -> None:
+    """Copy ``source``, refusing it if it became a symlink or something else since it was listed."""
+    try:
+        # no following a symlink swapped in since the listing, no blocking on a FIFO
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise io_error(e, f"reading {source}") from None
+    with open(fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+            raise StoreError(f"{source} is not a regular file: import copies regular files only")
+        with open(target, "xb") as dst:
+            shutil.copyfileobj(src, dst)
+
+
+def write_files_atomically(files: dict[Path, bytes], what: str) -> None:
+    """Write every file of ``files`` (path -> content) or none: each is written beside itself and fsynced, and
+    only once all are is each renamed into place; an OSError (full disk, permissions) removes what was written, leaves
+    the old files as they were and becomes one StoreError line naming ``what`` and the file."""
+    written = {}
+    try:
+        for path, content in files.items():
+            check_replaceable_file(path, what)
+            tmp = written[path] = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            with open(tmp, "wb") as f:
+                f.write(content)
+                f.flush()
+                os.fsync(f.fileno())
+        for path, tmp in written.items():
+            os.replace(tmp, path)
+    except OSError as e:
+        raise io_error(e, f"writing {what} ({path.name}) to {path.parent}") from None
+    finally:
+        for tmp in written.values():
+            remove_entry(tmp)
+
+
 def nearest_existing(path: PathLike) -> Path:
     """``path`` if it exists, else the nearest folder above it that does (what creating it would write into)."""
     path = Path(path)
@@ -179,10 +233,15 @@ _IO_REASONS = {
 }
 
 
+FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT})  # the errnos of a write that found no space (disk, quota)
+FULL_DISK_REASONS = tuple(_IO_REASONS[number] for number in sorted(FULL_DISK))  # their words in io_error's lines
+
+
 def io_error(error: OSError, doing: str) -> StoreError:
-    """An OSError as one user-facing line: ``no space left on device writing adapter X to DIR``."""
+    """An OSError as one user-facing line: ``no space left on device writing adapter X to DIR``; a DiskFullError for
+    a full disk or quota."""
     reason = _IO_REASONS.get(error.errno) or (error.strerror or str(error)).lower()
-    return StoreError(f"{reason} {doing}")
+    return (DiskFullError if error.errno in FULL_DISK else StoreError)(f"{reason} {doing}")
 
 
 def _os_error_inside(error: Exception) -> Optional[OSError]:

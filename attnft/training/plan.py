@@ -26,7 +26,7 @@ from .speed import PREFETCH_FACTOR, default_workers
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from ..adapters.store import AdapterStore
+    from ..adapters.store import AdapterStore, Destination
     from ..data.loading import TaskData
     from ..methods import Applied, Tuning
 
@@ -41,14 +41,13 @@ class RunPlan:
     lr_reason: str  # the run's lr (and warmup) and why: the method's defaults at this batch, or as set
     accelerator: Accelerator
     method: Tuning  # the policy spec, parsed by its method family (attnft.methods)
-    store: AdapterStore
+    destination: Destination  # the adapter's name, store and folder, checked writable, and its family
     task: TaskData  # the data (data.load_task)
     applied: Applied  # the spec applied: the model to train, its report, what it captured of the base
     new_head: bool
     fits: Optional[bool]  # the base's head fits the dataset's classes (None: the base's names are unknown)
     data_cfg: dict
     res: int  # pixels: the square input side the model was built at, the one field every later phase reads
-    name: str  # the adapter's
     output_dir: Path
     checkpoint: Optional[Path]  # the one to resume from
 
@@ -75,8 +74,8 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
     if cfg.model_ema and accelerator.distributed_type == DistributedType.FSDP:
         raise ConfigError("--model-ema is not supported under FSDP yet: use DDP")
     store = AdapterStore(cfg.store)
-    if cfg.name is not None:
-        store.check_writable(cfg.name, cfg.overwrite)  # a taken name or a bad store, before model and data
+    # each checked once, before model and data where the flags name them (a default name needs both)
+    destination = store.destination(cfg.name, method.method, cfg.overwrite) if cfg.name is not None else None
     if cfg.output_dir is not None:
         RunLock.check_free(Path(cfg.output_dir))
     with quiet_datasets(cfg.progress):
@@ -109,12 +108,14 @@ def check_run(cfg: FinetuneConfig, on_exit: contextlib.ExitStack) -> RunPlan:
     applied = method.apply(model, role_map=role_map)
     on_exit.callback(applied.report.remove_hooks)  # the frozen-region restore hooks every optimizer in the process
     _check_memory_fits(cfg, applied, accelerator, data_cfg)
-    name = cfg.name or default_adapter_name(cfg.model, method.name, task.name, res)
-    output_dir, checkpoint = _check_where_it_writes(cfg, store, name)
+    if destination is None:
+        name = default_adapter_name(cfg.model, method.name, task.name, res)
+        destination = store.destination(name, method.method, cfg.overwrite)
+    output_dir, checkpoint = _check_where_it_writes(cfg, store, destination.name)
     warn_if_fewer_processes(accelerator)
-    return RunPlan(cfg=cfg, aug_reason=aug_reason, lr_reason=lr_reason, accelerator=accelerator, method=method, store=store, task=task,
-                   applied=applied, new_head=new_head, fits=fits, data_cfg=data_cfg, res=res, name=name,
-                   output_dir=output_dir, checkpoint=checkpoint)
+    return RunPlan(cfg=cfg, aug_reason=aug_reason, lr_reason=lr_reason, accelerator=accelerator, method=method,
+                   destination=destination, task=task, applied=applied, new_head=new_head, fits=fits,
+                   data_cfg=data_cfg, res=res, output_dir=output_dir, checkpoint=checkpoint)
 
 
 def _accelerator(cfg: FinetuneConfig):
@@ -205,13 +206,14 @@ def _processes_here() -> int:
 
 
 def _check_where_it_writes(cfg: FinetuneConfig, store: AdapterStore, name: str) -> tuple[Path, Optional[Path]]:
-    """The run's output dir, checked free and writable, and the checkpoint to resume from (None: a fresh run)."""
-    store.check_writable(name, cfg.overwrite)
+    """The run's output dir, checked free (unless --output-dir was, before the model) and writable, and the
+    checkpoint to resume from (None: a fresh run)."""
     output_dir = Path(cfg.output_dir or Path("runs") / name)
     check_outside_attnft_folders(output_dir, "--output-dir")  # a run's files never enter an adapter or the store
     check_outside_store(output_dir, "--output-dir", store.root)
     check_apart_from_data(cfg, store, {"--output-dir": output_dir})
-    RunLock.check_free(output_dir)
+    if cfg.output_dir is None:
+        RunLock.check_free(output_dir)
     check_output_dir_usable(output_dir)
     checkpoint = find_resume_checkpoint(output_dir, cfg.to_dict()) if cfg.resume else None
     if checkpoint is None:

@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .config import FinetuneConfig
 from ..adapters.names import fit_name
@@ -15,6 +15,9 @@ from ..core.errors import StoreError
 from ..data import takes_inat_category
 from .evaluate import EvalResult
 from .run_folder import METRICS_FILE, RESULT_FILE, RUN_CONFIG_FILE, run_folder_id
+
+if TYPE_CHECKING:
+    from ..adapters.store import Destination
 
 
 @dataclass
@@ -109,27 +112,28 @@ def training_record(cfg: FinetuneConfig, task, final: EvalResult, output_dir: Pa
     return record
 
 
-def save_without_losing(save: Callable[[object], Path], store, name: str, output_dir: Path) -> Path:
-    """``save(store)``; if the store refuses it now (a full disk, permissions: :meth:`check_writable` passed
-    before training, so something changed), the training is not lost: the adapter goes to the output dir,
-    else to a new temporary folder, and the StoreError says where and how to import it."""
+def save_without_losing(save: Callable[[Destination], Path], destination: Destination, output_dir: Path) -> Path:
+    """``save(destination)``; if the store refuses it now (a full disk, permissions, the name taken meanwhile: it was
+    checked before training, so something changed), the training is not lost: the adapter goes to the output dir,
+    else to a new temporary folder, and a StoreError of the store's error's class says where and how to import it."""
     from ..adapters.store import AdapterStore
 
     try:
-        return save(store)
+        return save(destination)
     except StoreError as error:
         failed = error
+    name, store = destination.name, destination.store
     for root in (output_dir, None):
         folder = Path(root) if root is not None else None
         try:
             if folder is None:
                 folder = Path(tempfile.mkdtemp(prefix="attnft-unsaved-"))
-            path = save(AdapterStore(folder))
+            path = save(AdapterStore(folder).destination(name, destination.method))
         except (StoreError, OSError):
             if root is None and folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
             continue
-        raise StoreError(f"{failed}; the trained adapter was saved to {path} instead; import it with: "
-                         f"attnft adapters import {path} {name} --store {store.root}") from None
-    raise StoreError(f"{failed}; saving it to {output_dir} or a temporary folder failed too, so the trained "
-                     "weights are lost: free some space and run again") from None
+        raise type(failed)(f"{failed}; the trained adapter was saved to {path} instead; import it with: "
+                           f"attnft adapters import {path} {name} --store {store.root}") from None
+    raise type(failed)(f"{failed}; saving it to {output_dir} or a temporary folder failed too, so the trained "
+                       "weights are lost: free some space and run again") from None

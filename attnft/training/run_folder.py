@@ -187,8 +187,12 @@ class RunLock:
                         raise ConfigError(self._in_use(self.output_dir, owner)) from None
                     remove_entry(self.path)  # stale: its run is gone
                     continue
-                with os.fdopen(fd, "w") as f:
-                    f.write(f"{os.getpid()} {socket.gethostname()}\n")
+                try:
+                    with os.fdopen(fd, "w") as f:
+                        f.write(f"{os.getpid()} {socket.gethostname()}\n")
+                except OSError:
+                    remove_entry(self.path)  # an empty lock (a full disk) would hold the folder for LOCK_GRACE_S
+                    raise
                 self.held = True
                 return
         except OSError as e:

@@ -54,7 +54,7 @@ from .run_folder import CHECKPOINT_DIR, METRICS_FILE, RESULT_FILE, MetricsLog, R
 from .step_clock import StepClock, progress_bar
 
 if TYPE_CHECKING:
-    from ..adapters.store import AdapterStore
+    from ..adapters.store import Destination
 
 __all__ = ["FinetuneResult", "finetune"]
 
@@ -181,17 +181,17 @@ def _save_and_report(plan: RunPlan, trained: nn.Module, final: EvalResult, steps
     from ..methods.record import AdapterRecord
     from ..models import checkpoint_bytes
 
-    cfg, task, store, name, output_dir = plan.cfg, plan.task, plan.store, plan.name, plan.output_dir
+    cfg, task, destination, output_dir = plan.cfg, plan.task, plan.destination, plan.output_dir
     report, base, data_cfg, res = plan.applied.report, plan.applied.base, plan.data_cfg, plan.res
     record = AdapterRecord.of(trained, model_name=cfg.model, input_size=res, label_names=task.label_names,
                               data_config=data_cfg, training=training_record(cfg, task, final, output_dir))
 
-    def save(into: AdapterStore) -> Path:  # in the method's format (peft: its own)
-        return into.save(name, trained, report, base, record, overwrite=cfg.overwrite and into is store)
+    def save(into: Destination) -> Path:  # in the method's format (peft: its own), where the checks found room
+        return into.save(trained, report, base, record)
 
-    adapter_path = save_without_losing(save, store, name, output_dir)
+    adapter_path = save_without_losing(save, destination, output_dir)
     result = FinetuneResult(
-        adapter_name=name,
+        adapter_name=destination.name,
         adapter_path=str(adapter_path),
         input_size=res,
         new_head=plan.new_head,
@@ -206,8 +206,9 @@ def _save_and_report(plan: RunPlan, trained: nn.Module, final: EvalResult, steps
         output_dir=str(output_dir),
         resumed_from_step=resumed_from,
     )
+    saved = f"the adapter {destination.name} is saved in {destination.store.root}"
     write_text_atomically(output_dir / RESULT_FILE, strict_json(result.to_dict(), indent=2) + "\n",
-                          f"the run's {RESULT_FILE} (the adapter {name} is saved in {store.root})")
+                          f"the run's {RESULT_FILE} ({saved})")
     plan.accelerator.print(format_result(result))
     return result
 
