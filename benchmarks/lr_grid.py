@@ -89,6 +89,22 @@ def render(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_seeds(rows: list[dict]) -> str:
+    """One line per (task, policy, lr) measured on several seeds: each seed's top-1 and their mean."""
+    seeds = sorted({r["seed"] for r in rows})
+    groups: dict = {}
+    for row in rows:
+        if row["lr"] is not None and row["top1"] is not None:
+            groups.setdefault((row["task"], row["policy"], row["lr"]), {})[row["seed"]] = row["top1"]
+    lines = [f"| task | policy | lr | {' | '.join(f'seed {s}' for s in seeds)} | mean |",
+             "|---|---|---:|" + "---:|" * (len(seeds) + 1)]
+    for (task, policy, lr), by_seed in sorted(groups.items()):
+        if len(by_seed) > 1:
+            cells = " | ".join(f"{by_seed[s]:.2f}" if s in by_seed else "" for s in seeds)
+            lines.append(f"| {task} | {policy} | {lr:g} | {cells} | {sum(by_seed.values()) / len(by_seed):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def _rows(path: Path) -> list[dict]:
     """The rows of a results file (``{"rows": [...]}``) or of a run's log (one JSON row a line)."""
     text = path.read_text()
@@ -111,10 +127,11 @@ def main() -> None:
     parser.add_argument("--data-root", type=Path, default=Path(tempfile.gettempdir()) / "attnft-bench-data")
     parser.add_argument("--out", type=Path, default=None, help="write lr_grid.{json,md} here")
     parser.add_argument("--from-rows", type=Path, nargs="+", metavar="FILE", help="render earlier rows instead of running")
+    parser.add_argument("--seeds", action="store_true", help="with --from-rows: the table of points run on several seeds")
     args = parser.parse_args()
     if args.from_rows:
         rows = [row for path in args.from_rows for row in _rows(path)]
-        print(render(rows))
+        print(render_seeds(rows) if args.seeds else render(rows))
         return
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     rows = []
