@@ -30,10 +30,9 @@ def loss_curve(directory):
     return [r["loss"] for r in MetricsLog(directory / "run" / "metrics.jsonl").read() if "loss" in r]
 
 
-# the base as its own teacher; the model EMA (each process keeps its own) with layer decay
-EXTRA = {"plain": [], "teacher": ["--teacher", None, "--distillation", "soft"],
-         "ema": ["--model-ema", "--model-ema-decay", "0.8", "--layer-decay", "0.75"],
-         # families that add modules (one kernel: methods/added): DDP wraps the model with its modules added
+# the model EMA (each process keeps its own) with layer decay; families that add modules (one kernel:
+# methods/added), DDP wrapping the model with its modules added, one with the base as its own teacher
+EXTRA = {"plain": [], "ema": ["--model-ema", "--model-ema-decay", "0.8", "--layer-decay", "0.75"],
          "vpt-teacher": ["--policy", "vpt:tokens=2", "--teacher", None, "--distillation", "soft"],
          "adaptformer-ema": ["--policy", "adaptformer:dim=4", "--model-ema", "--model-ema-decay", "0.8",
                              "--layer-decay", "0.75"]}
