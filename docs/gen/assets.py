@@ -12,6 +12,7 @@ FIGURES = {
     "assets/compare_digits_field.png": "benchmarks/results/compare_digits_field/compare.png",
     "assets/compare_digits_field_search8.png": "benchmarks/results/compare_digits_field_search8/compare.png",
     "assets/compare_fmnist384.png": "benchmarks/results/compare_fmnist384_search8/compare.png",
+    "assets/compare_fmnist56_field.png": "benchmarks/results/compare_fmnist56_field_search8/compare.png",
     "assets/paper_tables.png": "benchmarks/results/paper_tables.png",
 }
 
