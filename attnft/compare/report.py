@@ -122,7 +122,7 @@ def _plot(rows: list[dict], header: dict) -> bytes:
         for i, r in enumerate(rows):  # a colour and a marker a policy, named in the legend: no two look alike
             if r[key] is not None:
                 ax.errorbar(r[key], r["top1_mean"], yerr=r["top1_std"], fmt=MARKERS[i % len(MARKERS)], capsize=4,
-                            color=colors[(2 * i) % 20 + (2 * i) // 20 % 2], label=r["policy"])
+                            color=colors[(2 * i) % 20 + (i // 10) % 2], label=r["policy"])
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_xscale("log")

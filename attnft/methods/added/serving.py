@@ -73,10 +73,15 @@ class AddedServer(TaskServer[AddedAdapter]):
             raise AdapterError(f"task {name!r} was trained at {config.input_size}px, the base serves {size}px")
         method.check_model(self.base)
         self.method, self.policy = method, policy
-        place = next(self.base.parameters())  # a served base may have been moved or cast (bf16) after it was built
+        place = self._place()
         tensors = {k: v.to(device=place.device, dtype=place.dtype) for k, v in adapter.tensors.items()}
         self._tasks[name] = dataclasses.replace(adapter, tensors=tensors)
         self._restack()
+
+    def _place(self) -> torch.Tensor:
+        """A tensor of the base's own (the family's modules are registered after it): the device and dtype it is
+        served in, which a served base may have been moved or cast to (bf16) after it was built."""
+        return next(self.base.parameters())
 
     def _release(self, name: str) -> None:
         del self._tasks[name]
@@ -87,7 +92,7 @@ class AddedServer(TaskServer[AddedAdapter]):
         names = [n for n in self._tasks if n != without]
         with self._lock:
             self.method.remove(self.base)
-            place = next(self.base.parameters())  # the base's own: the family's modules are added after it
+            place = self._place()
             added = self.method.add(self.base, self.policy.options, blocks=self.policy.blocks, tasks=len(names) + 1)
             params = dict(self.base.named_parameters())
             with torch.no_grad():
